@@ -1,0 +1,326 @@
+"""The small typed contracts between the parts of a rollout.
+
+`env.step` composes exactly these: a SandboxBackend makes a Sandbox, the ServingProxy opens a route for
+the rollout, a HarnessAdapter drives the harness against that route, a Verifier scores the sandbox, and
+the recorded ModelCalls are rebuilt into a TrajectoryForest. Each part lives in its own package and only
+has to satisfy its protocol here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from clawgym_env.specs import ApiStyle
+
+if TYPE_CHECKING:
+    from clawgym_env.records import ModelCall
+    from clawgym_env.specs import TaskSpec
+
+
+# --------------------------------------------------------------------------------------------- sandbox
+class ExecResult(BaseModel):
+    """What one command in a sandbox did."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    timed_out: bool = False
+    killed_reason: str | None = None  # "timeout", "memory", "pids", ... when the sandbox killed it
+
+
+class SandboxLimits(BaseModel):
+    """Resource limits of one sandbox; defaults fit a 2-core, 24 GiB machine running several at once."""
+
+    wall_time_s: float = Field(default=900.0, gt=0)
+    memory_mb: int = Field(default=4096, gt=0)
+    max_processes: int = Field(default=512, gt=0)
+    workspace_mb: int = Field(default=1024, gt=0)
+
+
+class ProxyEndpoint(BaseModel):
+    """Where the serving proxy listens, so a backend can give its sandboxes (and only them) a way in."""
+
+    unix_socket: Path | None = None  # local backend: bound into the sandbox behind a loopback relay
+    host: str = "127.0.0.1"
+    port: int | None = None
+    public_url: str | None = None  # remote backends (Daytona) reach the proxy here
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated, ephemeral workspace. All I/O paths are as seen inside the sandbox."""
+
+    id: str
+    workspace_path: str  # the task's mount path, e.g. /root/.openclaw/workspace
+    proxy_base_url: str | None  # base URL of the serving proxy as seen from inside, e.g. http://127.0.0.1:8080
+
+    async def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    async def list_files(self, path: str | None = None) -> list[str]: ...
+
+    async def download_workspace(self, dest: Path) -> Path: ...
+
+    async def destroy(self) -> None: ...
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    name: str
+
+    async def create(
+        self,
+        task: TaskSpec,
+        *,
+        proxy: ProxyEndpoint | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> Sandbox: ...
+
+    async def aclose(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------- engine
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int = Field(default=1024, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)  # 0 = off
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class Generation(BaseModel):
+    """Raw engine output: the exact token ids and the engine's logprob of each."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int = 0
+
+    @field_validator("logprobs")
+    @classmethod
+    def _finite(cls, values: list[float]) -> list[float]:
+        if any(not math.isfinite(v) for v in values):
+            raise ValueError("engine returned a non-finite logprob")
+        return values
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """Token ids in, token ids and logprobs out. Batched across concurrent callers by the engine."""
+
+    policy_version: int
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
+
+
+@dataclass
+class Policy:
+    """What `env.step` acts with: an engine plus the renderer of its model family.
+
+    The renderer turns API requests into prompt token ids and generated ids back into text and tool
+    calls (clawgym_env.proxy.renderers). `name` is the model name the harnesses are told to use.
+    """
+
+    engine: InferenceEngine
+    renderer: Any
+    name: str = "policy"
+    max_context: int = 32_768
+
+    @property
+    def version(self) -> int:
+        return self.engine.policy_version
+
+
+# ---------------------------------------------------------------------------------------------- proxy
+class RolloutRoute(BaseModel):
+    """A rollout's private way in to the proxy: `/rollouts/<id>` plus a secret key."""
+
+    rollout_id: str
+    path_prefix: str
+    api_key: str
+
+    def base_url(self, origin: str) -> str:
+        return origin.rstrip("/") + self.path_prefix
+
+
+class RolloutLimits(BaseModel):
+    max_calls: int = 48
+    max_tokens: int = 262_144
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+
+
+@runtime_checkable
+class ServingProxy(Protocol):
+    endpoint: ProxyEndpoint
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def open_rollout(self, rollout_id: str, policy: Policy, limits: RolloutLimits) -> RolloutRoute: ...
+
+    def close_rollout(self, rollout_id: str) -> list[ModelCall]: ...
+
+
+# -------------------------------------------------------------------------------------------- harness
+class HarnessResult(BaseModel):
+    """What a harness run produced, judged from its own events (pi exits 0 after API errors)."""
+
+    harness: str
+    exit_code: int | None = None
+    success: bool = False
+    final_message: str = ""
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    turns: int = 0
+    error: str | None = None
+    timed_out: bool = False
+    wall_s: float = 0.0
+    startup_s: float | None = None  # time before the first model call, where known
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+@dataclass
+class HarnessContext:
+    """Everything an adapter needs for one run."""
+
+    sandbox: Sandbox
+    task: TaskSpec
+    base_url: str  # the rollout's route, as seen from inside the sandbox
+    api_key: str
+    model_name: str
+    timeout_s: float
+    policy: Policy | None = None  # only in-process (white-box) adapters use it directly
+    rollout_id: str = ""
+    record: Callable[[ModelCall], None] | None = None  # in-process adapters record calls here
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class HarnessAdapter(Protocol):
+    name: str
+    api_style: ApiStyle
+
+    def check_installed(self) -> None:
+        """Raise HarnessNotInstalled, saying how to install, if the harness cannot run here."""
+
+    async def run(self, ctx: HarnessContext) -> HarnessResult: ...
+
+
+# -------------------------------------------------------------------------------------------- verifier
+class VerifierResult(BaseModel):
+    """A reward in [0, 1] with named sub-scores; a crashed verifier says so instead of scoring 0."""
+
+    reward: float = Field(ge=0.0, le=1.0)
+    subscores: dict[str, float] = Field(default_factory=dict)
+    explanation: str = ""
+    error: str | None = None
+
+    @classmethod
+    def failure(cls, error: str) -> VerifierResult:
+        return cls(reward=0.0, error=error, explanation=f"verifier error: {error}")
+
+
+@dataclass
+class VerifyContext:
+    sandbox: Sandbox
+    task: TaskSpec
+    harness_result: HarnessResult | None = None
+    workspace_dir: Path | None = None  # a host copy of the final workspace, for Python checks
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    async def verify(self, ctx: VerifyContext) -> VerifierResult: ...
+
+
+class FunctionVerifier:
+    """Wraps a plain function `(workspace_dir: Path[, final_message: str]) -> float | dict | VerifierResult`.
+
+    A dict is read as named sub-scores in [0, 1], averaged into the reward.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "check")
+        self._takes_message = len(inspect.signature(fn).parameters) >= 2
+
+    async def verify(self, ctx: VerifyContext) -> VerifierResult:
+        if ctx.workspace_dir is None:
+            return VerifierResult.failure("FunctionVerifier needs the downloaded workspace (workspace_dir)")
+        args: list[Any] = [ctx.workspace_dir]
+        if self._takes_message:
+            args.append(ctx.harness_result.final_message if ctx.harness_result else "")
+        value = self.fn(*args)
+        if inspect.isawaitable(value):
+            value = await value
+        return coerce_verifier_output(value, source=self.name)
+
+    def __repr__(self) -> str:
+        return f"FunctionVerifier({self.name})"
+
+
+def coerce_verifier_output(value: Any, source: str = "verifier") -> VerifierResult:
+    if isinstance(value, VerifierResult):
+        return value
+    if isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, (int, float)):
+        if not (0.0 <= float(value) <= 1.0) or math.isnan(float(value)):
+            return VerifierResult.failure(f"{source} returned {value!r}, outside [0, 1]")
+        return VerifierResult(reward=float(value))
+    if isinstance(value, Mapping) and value:
+        scores = {str(k): float(v) for k, v in value.items()}
+        bad = {k: v for k, v in scores.items() if not (0.0 <= v <= 1.0)}
+        if bad:
+            return VerifierResult.failure(f"{source} sub-scores outside [0, 1]: {bad}")
+        return VerifierResult(reward=sum(scores.values()) / len(scores), subscores=scores)
+    return VerifierResult.failure(f"{source} returned {type(value).__name__}; expected a float, dict or VerifierResult")
+
+
+def as_verifier(value: Any) -> Verifier:
+    """Accept a Verifier, or a plain check function (wrapped in FunctionVerifier)."""
+    if isinstance(value, Verifier):
+        return value
+    if callable(value):
+        return FunctionVerifier(value)
+    raise TypeError(
+        f"verifier must have an async `verify(ctx)` method or be a function (workspace_dir) -> float | dict; "
+        f"got {type(value).__name__}"
+    )
+
+
+class HarnessNotInstalled(RuntimeError):
+    """The harness CLI is missing; the message says which command installs it."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox backend cannot run here (for example bubblewrap or user namespaces are missing)."""
