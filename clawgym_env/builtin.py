@@ -1,0 +1,28 @@
+"""The suites and harnesses of DESIGN.md, registered at import (lazily: nothing loads until used)."""
+
+from __future__ import annotations
+
+from clawgym_env.registry import Registry
+from clawgym_env.specs import ApiStyle, HarnessSpec, TaskSuite
+
+BUILTIN_SUITES = {
+    "OfficeQA": ("benchmarks.suites.officeqa:load", "questions over long statistical bulletins; numeric answers"),
+    "JobBench": ("benchmarks.suites.jobbench:load", "professional workflows over spreadsheets, databases, documents"),
+    "ClawGymBench": ("benchmarks.suites.clawgymbench:load", "general workspace tasks in the ClawGym folder format"),
+    "PinchBench": ("benchmarks.suites.pinchbench:load", "tasks in the PinchBench markdown format"),
+}
+
+BUILTIN_HARNESSES = {
+    "ClaudeCode": ("harness_adapters.claude_code:ClaudeCodeAdapter", ApiStyle.ANTHROPIC_MESSAGES, "2.1.197"),
+    "OpenClaw": ("harness_adapters.openclaw:OpenClawAdapter", ApiStyle.OPENAI_RESPONSES, "2026.9.6"),
+    "Codex": ("harness_adapters.codex:CodexAdapter", ApiStyle.OPENAI_RESPONSES, "0.171.0"),
+    "Pi": ("harness_adapters.pi:PiAdapter", ApiStyle.OPENAI_CHAT, "0.73.1"),
+    "WhiteBox": ("harness_adapters.whitebox:WhiteBoxAdapter", ApiStyle.IN_PROCESS, None),
+}
+
+
+def register_builtins(registry: Registry) -> None:
+    for name, (loader, description) in BUILTIN_SUITES.items():
+        registry.register_suite(TaskSuite(name=name, loader=loader, description=description))
+    for name, (adapter, api_style, version) in BUILTIN_HARNESSES.items():
+        registry.register_harness(HarnessSpec(name=name, adapter=adapter, api_style=api_style, version=version))

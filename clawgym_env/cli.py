@@ -1,0 +1,147 @@
+"""The `clawgym` command: list environments, run/evaluate a policy, train, inspect, compare.
+
+Each subcommand is a thin layer over the Python API, so anything the CLI does a user's script can do.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="clawgym",
+    help="Black-box RL of LLM agents through real, unmodified agent harnesses.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+def _not_yet(feature: str, issue: int) -> None:
+    console.print(f"[yellow]{feature} is not available yet: it lands with issue #{issue}.[/yellow]")
+    raise typer.Exit(code=2)
+
+
+@app.command("list")
+def list_envs(
+    suite: Annotated[Optional[str], typer.Option(help="only this suite")] = None,
+    harness: Annotated[Optional[str], typer.Option(help="only this harness")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """List the registered environments (<Suite>-<Harness>)."""
+    import clawgym_env
+
+    reg = clawgym_env.registry
+    specs = [reg.envs[i] for i in reg.list()]
+    specs = [s for s in specs if (suite is None or s.suite == suite) and (harness is None or s.harness == harness)]
+    if as_json:
+        print(json.dumps([{"id": s.id, "suite": s.suite, "harness": s.harness} for s in specs], indent=1))
+        return
+    table = Table(title=f"{len(specs)} environments")
+    for col in ("id", "suite", "harness", "api style", "harness version"):
+        table.add_column(col)
+    for s in specs:
+        h = reg.harnesses[s.harness]
+        table.add_row(s.id, s.suite, s.harness, h.api_style.value, h.version or "-")
+    console.print(table)
+
+
+@app.command()
+def run(
+    env_id: Annotated[str, typer.Argument(help="environment id, e.g. ClawGymBench-ClaudeCode")],
+    model: Annotated[str, typer.Option(help="policy model: tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b or a path")] = "tiny-qwen3",
+    seed: Annotated[int, typer.Option(help="picks the task instance")] = 0,
+    task_id: Annotated[Optional[str], typer.Option(help="run this task instead of a seeded pick")] = None,
+    split: Annotated[str, typer.Option(help="train or test")] = "train",
+    run_dir: Annotated[Optional[Path], typer.Option(help="where calls, forests and artifacts go")] = None,
+) -> None:
+    """Run one rollout of a policy on an environment and print its reward and tree statistics."""
+    import clawgym_env
+    from clawgym_env.policies import make_policy
+
+    overrides: dict = {"split": split}
+    if run_dir:
+        overrides["run_dir"] = run_dir
+    env = clawgym_env.make(env_id, **overrides)
+    policy = make_policy(model)
+    env.reset(seed=seed, options={"task_id": task_id} if task_id else None)
+    forest, reward, _, truncated, info = env.step(policy)
+    console.print(forest)
+    console.print({k: info[k] for k in ("status", "failure", "subscores", "num_calls", "forest_stats", "timings")})
+    console.print(f"reward [bold]{reward:.3f}[/bold]; run directory: {env.run_dir}")
+    env.close()
+    raise typer.Exit(code=1 if truncated else 0)
+
+
+@app.command()
+def evaluate(
+    env_ids: Annotated[list[str], typer.Argument(help="one or more environment ids")],
+    model: Annotated[str, typer.Option()] = "tiny-qwen3",
+    repeats: Annotated[int, typer.Option()] = 1,
+) -> None:
+    """Evaluate a policy on environments and write a results table."""
+    try:
+        from benchmarks.evaluation import evaluate_cli  # noqa: F401
+    except ImportError:
+        _not_yet("evaluation", 8)
+    evaluate_cli(env_ids, model=model, repeats=repeats)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(ctx: typer.Context) -> None:
+    """Train with the bundled GRPO/PPO trainers (Hydra overrides follow, e.g. algorithm=ppo)."""
+    try:
+        from trainers.main import main as train_main
+    except ImportError:
+        _not_yet("training", 6)
+    sys.argv = ["clawgym-train", *ctx.args]
+    train_main()
+
+
+@app.command()
+def inspect(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory or its calls.jsonl")],
+    rollout: Annotated[Optional[str], typer.Option(help="rollout id (default: the first)")] = None,
+) -> None:
+    """Show a recorded rollout's prefix tree in the terminal and write an HTML page."""
+    try:
+        from clawgym_env.trajectory.inspect import inspect_run
+    except ImportError:
+        _not_yet("the tree inspector", 5)
+    text, html_path = inspect_run(run_dir, rollout)
+    console.print(text)
+    console.print(f"HTML: {html_path}")
+
+
+@app.command()
+def compare() -> None:
+    """Train white-box and black-box, evaluate both under both, print the 2x2 table."""
+    try:
+        from benchmarks.compare import compare_cli
+    except ImportError:
+        _not_yet("the white-box vs black-box comparison", 8)
+    compare_cli()
+
+
+@app.command()
+def health() -> None:
+    """Check each installed harness end to end and print a table."""
+    try:
+        from harness_adapters.health import health_cli
+    except ImportError:
+        _not_yet("the harness health check", 7)
+    health_cli()
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

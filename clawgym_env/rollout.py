@@ -1,0 +1,241 @@
+"""One rollout, start to finish: sandbox → proxy route → harness → verifier → reconstruction.
+
+Each stage's failure ends the rollout as a counted failure with its stage and reason; the sandbox is
+destroyed and the route closed whatever happened, and the calls recorded so far are kept (they are in
+the proxy's durable log) and still rebuilt into the forest for inspection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clawgym_env.interfaces import (
+    HarnessAdapter,
+    HarnessContext,
+    HarnessResult,
+    Policy,
+    RolloutLimits,
+    SandboxBackend,
+    SandboxLimits,
+    ServingProxy,
+    VerifierResult,
+    VerifyContext,
+)
+from clawgym_env.records import ModelCall
+from clawgym_env.specs import ApiStyle, EnvOptions, TaskSpec
+from clawgym_env.trajectory import TrajectoryForest
+
+
+class RolloutFailure(BaseModel):
+    stage: str  # "sandbox" | "route" | "harness" | "verifier" | "reconstruct" | "timeout" | "cancelled"
+    reason: str
+
+
+class RolloutResult(BaseModel):
+    """Everything a rollout produced; `forest` is what `env.step` returns."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    rollout_id: str
+    task_id: str
+    harness: str
+    status: str = "ok"  # "ok" | "failed" | "empty"
+    failure: RolloutFailure | None = None
+    reward: float = 0.0
+    verifier: VerifierResult | None = None
+    harness_result: HarnessResult | None = None
+    forest: TrajectoryForest
+    calls: list[ModelCall] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    def info(self) -> dict[str, Any]:
+        """The `info` dict of `env.step`."""
+        return {
+            "rollout_id": self.rollout_id,
+            "task_id": self.task_id,
+            "harness": self.harness,
+            "status": self.status,
+            "failure": self.failure.model_dump() if self.failure else None,
+            "subscores": dict(self.verifier.subscores) if self.verifier else {},
+            "verifier_explanation": self.verifier.explanation if self.verifier else "",
+            "verifier_error": self.verifier.error if self.verifier else None,
+            "harness_result": self.harness_result.model_dump(exclude={"events"}) if self.harness_result else None,
+            "num_calls": len(self.calls),
+            "forest_stats": self.forest.stats.model_dump(),
+            "timings": dict(self.timings),
+        }
+
+
+def new_rollout_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+async def run_rollout(
+    *,
+    task: TaskSpec,
+    adapter: HarnessAdapter,
+    policy: Policy,
+    backend: SandboxBackend,
+    proxy: ServingProxy | None,
+    options: EnvOptions,
+    rollout_id: str | None = None,
+    artifacts_dir: Path | None = None,
+) -> RolloutResult:
+    """Run one rollout; never raises for a failure of the sandbox, harness, verifier or reconstruction."""
+    from clawgym_env.trajectory.reconstruct import build_forest
+
+    rollout_id = rollout_id or new_rollout_id()
+    timeout_s = options.rollout_timeout_s or task.timeout_s
+    timings: dict[str, float] = {}
+    failure: RolloutFailure | None = None
+    harness_result: HarnessResult | None = None
+    verdict: VerifierResult | None = None
+    calls: list[ModelCall] = []
+    sandbox = None
+    route_open = False
+    in_process = adapter.api_style == ApiStyle.IN_PROCESS
+
+    def fail(stage: str, exc: BaseException | str) -> RolloutFailure:
+        reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        return RolloutFailure(stage=stage, reason=reason)
+
+    t0 = time.perf_counter()
+    try:
+        try:
+            limits = SandboxLimits(wall_time_s=timeout_s + 60)
+            sandbox = await backend.create(task, proxy=None if proxy is None else proxy.endpoint, limits=limits)
+        except Exception as exc:  # noqa: BLE001 - reported as the rollout's failure
+            failure = fail("sandbox", exc)
+        timings["sandbox_s"] = time.perf_counter() - t0
+
+        if failure is None:
+            try:
+                limits_r = RolloutLimits(
+                    max_calls=options.max_calls,
+                    max_tokens=options.max_rollout_tokens,
+                    max_new_tokens=options.max_new_tokens,
+                    temperature=options.temperature,
+                )
+                if proxy is None:
+                    raise RuntimeError("no serving proxy: every harness reaches the policy through the proxy")
+                route = proxy.open_rollout(rollout_id, policy, limits_r)
+                route_open = True
+                origin = sandbox.proxy_base_url or ""
+                if not origin and not in_process:
+                    raise RuntimeError(f"sandbox backend {backend.name!r} gave no route to the proxy")
+                ctx = HarnessContext(
+                    sandbox=sandbox,
+                    task=task,
+                    base_url=route.base_url(origin) if origin else "",
+                    api_key=route.api_key,
+                    model_name=policy.name,
+                    timeout_s=timeout_s,
+                    policy=policy,
+                    rollout_id=rollout_id,
+                    extra={"options": options.harness_options, "proxy": proxy},
+                )
+            except Exception as exc:  # noqa: BLE001
+                failure = fail("route", exc)
+
+        if failure is None:
+            t1 = time.perf_counter()
+            try:
+                # The adapter enforces the wall-time limit itself; this outer guard catches a hung adapter.
+                harness_result = await asyncio.wait_for(adapter.run(ctx), timeout=timeout_s + 30)
+                if harness_result.timed_out:
+                    failure = fail("timeout", f"harness ran past its {timeout_s:.0f} s limit")
+                elif not harness_result.success:
+                    failure = fail("harness", harness_result.error or f"exit code {harness_result.exit_code}")
+            except asyncio.TimeoutError:
+                failure = fail("timeout", f"harness adapter did not return within {timeout_s + 30:.0f} s")
+            except Exception as exc:  # noqa: BLE001
+                failure = fail("harness", f"{exc!r}\n{traceback.format_exc(limit=3)}")
+            timings["harness_s"] = time.perf_counter() - t1
+
+        if sandbox is not None and failure is None:
+            t2 = time.perf_counter()
+            verdict = await _verify(task, sandbox, harness_result, rollout_id, artifacts_dir, options)
+            if verdict.error:
+                failure = fail("verifier", verdict.error)
+            timings["verify_s"] = time.perf_counter() - t2
+    except asyncio.CancelledError:
+        failure = fail("cancelled", "the rollout was cancelled (KeyboardInterrupt or shutdown)")
+        raise
+    finally:
+        if route_open and proxy is not None:
+            calls = proxy.close_rollout(rollout_id)
+        if sandbox is not None:
+            try:
+                await asyncio.shield(sandbox.destroy())
+            except Exception as exc:  # noqa: BLE001 - the reaper removes what destroy could not
+                if failure is None:
+                    failure = fail("sandbox", f"destroy failed: {exc}")
+
+    t3 = time.perf_counter()
+    reward = verdict.reward if verdict is not None and failure is None else 0.0
+    try:
+        forest = build_forest(
+            calls,
+            rollout_id=rollout_id,
+            task_id=task.id,
+            harness=adapter.name,
+            reward=reward if failure is None else None,
+            options=options.forest,
+        )
+    except Exception as exc:  # noqa: BLE001
+        forest = TrajectoryForest.failed(rollout_id, f"reconstruction failed: {exc}", task_id=task.id)
+        failure = failure or fail("reconstruct", exc)
+    timings["reconstruct_s"] = time.perf_counter() - t3
+    timings["total_s"] = time.perf_counter() - t0
+
+    if failure is not None:
+        forest.status, forest.failure, forest.reward = "failed", f"{failure.stage}: {failure.reason}", None
+        status = "failed"
+    else:
+        status = forest.status  # "empty" (no call) or "failed" (e.g. over-forking) come from reconstruction
+        if status != "ok":
+            failure = RolloutFailure(stage="reconstruct", reason=forest.failure or status)
+    return RolloutResult(
+        rollout_id=rollout_id,
+        task_id=task.id,
+        harness=adapter.name,
+        status=status,
+        failure=failure,
+        reward=reward if status == "ok" else 0.0,
+        verifier=verdict,
+        harness_result=harness_result,
+        forest=forest,
+        calls=calls,
+        timings=timings,
+    )
+
+
+async def _verify(
+    task: TaskSpec,
+    sandbox: Any,
+    harness_result: HarnessResult | None,
+    rollout_id: str,
+    artifacts_dir: Path | None,
+    options: EnvOptions,
+) -> VerifierResult:
+    """Download the final workspace (kept under artifacts_dir when asked) and run the task's verifier."""
+    keep = artifacts_dir is not None and options.keep_workspace
+    base = Path(artifacts_dir) / rollout_id if keep else Path(tempfile.mkdtemp(prefix="clawgym-verify-"))
+    try:
+        workspace_dir = await sandbox.download_workspace(base / "workspace")
+        ctx = VerifyContext(sandbox=sandbox, task=task, harness_result=harness_result, workspace_dir=workspace_dir)
+        return await task.verifier.verify(ctx)
+    except Exception as exc:  # noqa: BLE001 - a crashed verifier is an error, not a zero
+        return VerifierResult.failure(f"{type(exc).__name__}: {exc}")
+    finally:
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""The runtime: one background event loop that hosts the serving proxy and runs rollouts.
+
+Gymnasium's API is synchronous, but a rollout is concurrent by nature (the harness process talks to the
+proxy while we wait on it). So every env of a process shares one `Runtime`: an asyncio loop in a daemon
+thread that owns the proxy server and the sandbox backends; `env.step` submits a coroutine to it and
+waits. Many envs (and the vector env) therefore share one proxy and one call log per run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from clawgym_env.interfaces import SandboxBackend, ServingProxy
+
+T = TypeVar("T")
+
+
+def default_run_dir() -> Path:
+    return Path.cwd() / "runs" / time.strftime("%Y%m%d-%H%M%S")
+
+
+class FailureCounter:
+    """Every failure counted and visible: `{stage: {reason: count}}`, thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+    def add(self, stage: str, reason: str) -> None:
+        with self._lock:
+            self.counts[stage][reason.split("\n", 1)[0][:120]] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(sum(c.values()) for c in self.counts.values())
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {stage: dict(c) for stage, c in self.counts.items()}
+
+
+class Runtime:
+    """Owns the event loop thread, the serving proxy and the sandbox backends of a run directory."""
+
+    _default: Runtime | None = None
+    _default_lock = threading.Lock()
+
+    def __init__(self, run_dir: Path | None = None, *, proxy_port: int | None = None) -> None:
+        self.run_dir = Path(run_dir) if run_dir else default_run_dir()
+        self.proxy_port = proxy_port
+        self.failures = FailureCounter()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-runtime", daemon=True)
+        self._thread.start()
+        self._proxy: ServingProxy | None = None
+        self._backends: dict[tuple[str, str], SandboxBackend] = {}
+        self._closed = False
+        atexit.register(self.close)
+
+    @classmethod
+    def default(cls) -> Runtime:
+        with cls._default_lock:
+            if cls._default is None or cls._default._closed:
+                cls._default = Runtime()
+            return cls._default
+
+    # ------------------------------------------------------------------ running coroutines
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the runtime's loop from synchronous code and wait for it."""
+        if self._closed:
+            coro.close()
+            raise RuntimeError("this Runtime is closed; make a new environment")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()  # KeyboardInterrupt / timeout: the rollout's finally-blocks destroy its sandbox
+            raise
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    # ------------------------------------------------------------------ shared parts
+    async def proxy(self) -> ServingProxy:
+        """The serving proxy of this run, started on first use (Unix socket + loopback port)."""
+        if self._proxy is None:
+            from clawgym_env.proxy import ServingProxy as ProxyImpl
+
+            proxy = ProxyImpl(run_dir=self.run_dir, port=self.proxy_port)
+            await proxy.start()
+            self._proxy = proxy
+        return self._proxy
+
+    async def backend(self, name: str, options: dict[str, Any]) -> SandboxBackend:
+        key = (name, repr(sorted(options.items())))
+        if key not in self._backends:
+            from clawgym_env.sandbox import make_backend
+
+            # Sandboxes must not see the run directory (recorded calls, other rollouts' artifacts).
+            hidden = [*options.get("hidden_paths", []), str(self.run_dir)]
+            self._backends[key] = make_backend(name, **{**options, "hidden_paths": hidden})
+        return self._backends[key]
+
+    # ------------------------------------------------------------------ teardown
+    async def _aclose(self) -> None:
+        for backend in self._backends.values():
+            await backend.aclose()
+        self._backends.clear()
+        if self._proxy is not None:
+            await self._proxy.stop()
+            self._proxy = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._aclose(), self._loop).result(timeout=60)
+            except Exception:  # noqa: BLE001 - best effort at exit; the reaper cleans leftovers
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        atexit.unregister(self.close)

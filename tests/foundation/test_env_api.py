@@ -1,0 +1,71 @@
+"""The gym-style env without a rollout: spaces, seeded reset, errors, the import guard, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import clawgym_env
+from clawgym_env import TaskSpec, TaskSuite
+from clawgym_env._import_guard import ShadowedPackageError, check_top_level_packages
+from clawgym_env.checker import check_env
+
+
+@pytest.fixture()
+def user_env():
+    tasks = [
+        TaskSpec(id=f"u{i}", instruction=f"task {i}", verifier=lambda p: 1.0, metadata={"split": "train"})
+        for i in range(10)
+    ]
+    clawgym_env.register(TaskSuite(name="UserApi", tasks=tasks))
+    return clawgym_env.make("UserApi-WhiteBox")
+
+
+def test_reset_is_deterministic_in_the_seed(user_env):
+    picks = {user_env.reset(seed=s)[0]["task_id"] for s in range(20)}
+    assert len(picks) > 1  # different seeds pick different instances
+    assert user_env.reset(seed=3)[0] == user_env.reset(seed=3)[0]
+    obs, info = user_env.reset(options={"task_id": "u4"})
+    assert obs == {"task_id": "u4", "instruction": "task 4"} and info["task_id"] == "u4"
+    assert obs in user_env.observation_space
+
+
+def test_reset_unknown_task_id(user_env):
+    with pytest.raises(KeyError, match="close matches"):
+        user_env.reset(options={"task_id": "u44"})
+
+
+def test_step_requires_reset_and_a_policy(user_env):
+    with pytest.raises(RuntimeError, match="reset"):
+        user_env.step(object())
+    user_env.reset(seed=0)
+    with pytest.raises(TypeError, match="Policy"):
+        user_env.step("not a policy")
+
+
+def test_action_space_cannot_be_sampled(user_env):
+    with pytest.raises(NotImplementedError, match="Policy"):
+        user_env.action_space.sample()
+
+
+def test_gymnasium_checks_pass_without_a_step(user_env):
+    check_env(user_env)
+
+
+def test_import_guard_detects_a_shadowing_package(tmp_path, monkeypatch):
+    fake = tmp_path / "verifiers"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ShadowedPackageError, match="shadows ours"):
+        check_top_level_packages(("verifiers",))
+
+
+def test_cli_lists_environments():
+    out = subprocess.run(
+        [sys.executable, "-m", "clawgym_env.cli", "list", "--json", "--suite", "OfficeQA"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert '"OfficeQA-ClaudeCode"' in out and "JobBench" not in out
