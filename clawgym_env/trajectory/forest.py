@@ -43,6 +43,13 @@ class ForestStats(BaseModel):
     subagent_calls_set_aside: int = 0
     dropped_overfork: int = 0
     drift_events: int = 0
+    # additive (issue 5): rollouts reported as failed/empty, and spliced copies of a generation that sit at
+    # another tree position than where it was sampled (non-prefix harnesses): context there, never trained twice
+    failed_rollouts: int = 0
+    empty_rollouts: int = 0
+    compaction_trees: int = 0
+    subagent_trees: int = 0
+    relocated_splice_tokens: int = 0
 
     def __add__(self, other: ForestStats) -> ForestStats:
         return ForestStats(**{k: getattr(self, k) + getattr(other, k) for k in type(self).model_fields})
@@ -64,6 +71,7 @@ class TrajectoryForest:
     call_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
     leaves: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    depth: np.ndarray | None = None  # position id of each node (filled by reconstruction; computed when None)
     auxiliary: list[TrajectoryForest] = field(default_factory=list)
     stats: ForestStats = field(default_factory=ForestStats)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -82,23 +90,48 @@ class TrajectoryForest:
 
     def depths(self) -> np.ndarray:
         """Position id of each node: its depth in its branch (roots at 0)."""
-        depth = np.zeros(self.num_tokens, np.int64)
-        for i, p in enumerate(self.parents.tolist()):
-            if p >= 0:
-                depth[i] = depth[p] + 1
+        if self.depth is not None and self.depth.shape[0] == self.num_tokens:
+            return self.depth
+        # pointer jumping: O(T log T) in numpy instead of a Python loop over every node
+        idx = np.arange(self.num_tokens)
+        depth = (self.parents >= 0).astype(np.int64)  # distance to `up`
+        up = np.where(self.parents >= 0, self.parents, idx)  # roots point at themselves
+        while self.num_tokens and np.any(up[up] != up):
+            depth = depth + depth[up]
+            up = up[up]
+        self.depth = depth
         return depth
 
+    def _run_starts(self) -> np.ndarray:
+        """For each node, the first node of the contiguous chain (parent == index - 1) it belongs to."""
+        n = self.num_tokens
+        starts = np.ones(n, bool)
+        if n > 1:
+            starts[1:] = self.parents[1:] != np.arange(n - 1)
+        return np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+
     def branch(self, leaf: int) -> np.ndarray:
-        """Node indexes from the root to `leaf`."""
-        path = []
+        """Node indexes from the root to `leaf` (walks whole contiguous chains at a time)."""
+        run_start = self._run_starts()
+        pieces = []
         node = int(leaf)
         while node >= 0:
-            path.append(node)
-            node = int(self.parents[node])
-        return np.asarray(path[::-1], np.int64)
+            start = int(run_start[node])
+            pieces.append(np.arange(start, node + 1, dtype=np.int64))
+            node = int(self.parents[start])
+        return np.concatenate(pieces[::-1]) if pieces else np.zeros(0, np.int64)
 
     def branches(self) -> list[np.ndarray]:
-        return [self.branch(leaf) for leaf in self.leaves.tolist()]
+        run_start = self._run_starts()
+        out = []
+        for leaf in self.leaves.tolist():
+            pieces, node = [], int(leaf)
+            while node >= 0:
+                start = int(run_start[node])
+                pieces.append(np.arange(start, node + 1, dtype=np.int64))
+                node = int(self.parents[start])
+            out.append(np.concatenate(pieces[::-1]))
+        return out
 
     def branch_tokens(self) -> list[list[int]]:
         return [self.tokens[b].tolist() for b in self.branches()]

@@ -1,0 +1,190 @@
+"""The token trie one tree of a rollout is built in: growing numpy columns plus one path per inserted call.
+
+Insertion finds the longest common prefix (LCP) of a call's token sequence with the tree by comparing it,
+vectorized, against the path of each current leaf: every node lies on some leaf's path, so the best of
+those LCPs is the LCP with the whole trie. Leaves are few (one per surviving branch), so this costs
+O(leaves x call length) numpy comparisons per call and no Python loop over tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clawgym_env.records import ModelCall
+from clawgym_env.trajectory.forest import SOURCE_CODE
+
+GENERATED = SOURCE_CODE["generated"]
+SPLICED = SOURCE_CODE["assistant_spliced"]
+UNKNOWN = SOURCE_CODE["unknown"]
+
+_COLUMNS: dict[str, tuple[type, float | int]] = {
+    # name: (dtype, fill value for a fresh row)
+    "tokens": (np.int64, 0),
+    "parents": (np.int64, -1),
+    "generated": (np.bool_, False),
+    "logprobs": (np.float32, np.nan),
+    "policy_versions": (np.int32, -1),
+    "call_index": (np.int32, -1),
+    "source": (np.int8, UNKNOWN),
+    "depth": (np.int64, 0),
+}
+
+
+@dataclass
+class PreparedCall:
+    """A ModelCall turned into the arrays insertion needs (done once per call)."""
+
+    call: ModelCall
+    seq: np.ndarray  # prompt ids + generated ids
+    prompt_len: int
+    logprobs: np.ndarray  # float32, one per generated id
+    prompt_source: np.ndarray  # int8 SOURCE_CODE per prompt position
+    root_key: bytes | None  # tokens of the leading system/tools/template segments (None: no segments)
+
+    @property
+    def index(self) -> int:
+        return self.call.call_index
+
+    @property
+    def generated_count(self) -> int:
+        return int(self.seq.shape[0] - self.prompt_len)
+
+    @classmethod
+    def from_call(cls, call: ModelCall) -> PreparedCall:
+        prompt_len = len(call.prompt_ids)
+        seq = np.array(call.prompt_ids + call.generated_ids, dtype=np.int64)
+        source = np.full(prompt_len, UNKNOWN, np.int8)
+        for seg in call.segments:
+            if not 0 <= seg.start <= seg.end <= prompt_len:
+                raise ValueError(
+                    f"call {call.rollout_id}#{call.call_index}: segment {seg.kind} [{seg.start}, {seg.end}) lies outside "
+                    f"its prompt of {prompt_len} ids; the recorder must give spans inside prompt_ids"
+                )
+            source[seg.start : seg.end] = SOURCE_CODE[seg.kind]
+        return cls(
+            call=call,
+            seq=seq,
+            prompt_len=prompt_len,
+            logprobs=np.asarray(call.logprobs, np.float32),
+            prompt_source=source,
+            root_key=root_key(call, seq),
+        )
+
+
+ROOT_KINDS = frozenset({"system", "tools", "template"})
+
+
+def root_key(call: ModelCall, seq: np.ndarray) -> bytes | None:
+    """What makes two calls the same agent: the ids of their leading system / tools / template segments.
+
+    A subagent (or a side call such as a title generator) has another system prompt or tool set, so its
+    key differs. Calls recorded without segments have key None and all count as one root.
+    """
+    if not call.segments:
+        return None
+    end = 0
+    for seg in sorted(call.segments, key=lambda s: s.start):
+        if seg.kind not in ROOT_KINDS or seg.start != end:
+            break
+        end = seg.end
+    return seq[:end].tobytes()
+
+
+@dataclass
+class TreeBuilder:
+    """One tree (a root and everything inserted under it) of a rollout, built call by call."""
+
+    kind: str  # "main" | "compaction" | "subagent"
+    capacity: int = 1024
+    size: int = 0
+    cols: dict[str, np.ndarray] = field(default_factory=dict)
+    leaf_paths: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # leaf -> (ids, nodes)
+    call_paths: dict[int, np.ndarray] = field(default_factory=dict)  # call index -> its node path
+    prompt_lens: dict[int, int] = field(default_factory=dict)
+    longest: int = 0  # longest full sequence inserted so far
+    relocated_splice_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.cols = {name: np.full(self.capacity, fill, dtype) for name, (dtype, fill) in _COLUMNS.items()}
+
+    def match(self, seq: np.ndarray) -> tuple[int, np.ndarray]:
+        """Longest common prefix of `seq` with this tree, and the node path of that prefix."""
+        best, best_path = 0, np.zeros(0, np.int64)
+        for ids, nodes in reversed(list(self.leaf_paths.values())):  # the newest leaf is the likeliest match
+            n = min(ids.shape[0], seq.shape[0])
+            if n <= best:
+                continue
+            diff = np.flatnonzero(ids[:n] != seq[:n])
+            lcp = int(diff[0]) if diff.size else n
+            if lcp > best:
+                best, best_path = lcp, nodes
+                if best == seq.shape[0]:
+                    break
+        return best, best_path[:best]
+
+    def _grow(self, extra: int) -> None:
+        need = self.size + extra
+        if need <= self.capacity:
+            return
+        new_cap = max(need, 2 * self.capacity)
+        for name, (dtype, fill) in _COLUMNS.items():
+            col = np.full(new_cap, fill, dtype)
+            col[: self.size] = self.cols[name][: self.size]
+            self.cols[name] = col
+        self.capacity = new_cap
+
+    def insert(self, pc: PreparedCall, lcp: int, matched: np.ndarray) -> np.ndarray:
+        """Add `pc` under the prefix it shares with the tree; returns the call's node path."""
+        seq, plen, n = pc.seq, pc.prompt_len, pc.seq.shape[0]
+        cols = self.cols
+        # matched generated positions that landed on context nodes become generated by this call
+        if lcp > plen:
+            gen_nodes = matched[plen:lcp]
+            fresh = ~cols["generated"][gen_nodes]
+            if fresh.any():
+                nodes = gen_nodes[fresh]
+                offsets = np.flatnonzero(fresh)
+                cols["generated"][nodes] = True
+                cols["logprobs"][nodes] = pc.logprobs[offsets]
+                cols["policy_versions"][nodes] = pc.call.policy_version
+                cols["call_index"][nodes] = pc.index
+                cols["source"][nodes] = GENERATED
+        k = n - lcp
+        if k:
+            self._grow(k)
+            start = self.size
+            new = np.arange(start, start + k, dtype=np.int64)
+            positions = np.arange(lcp, n)
+            is_gen = positions >= plen
+            cols["tokens"][new] = seq[lcp:]
+            cols["parents"][new] = new - 1
+            cols["parents"][start] = matched[-1] if lcp else -1
+            cols["generated"][new] = is_gen
+            lp = np.full(k, np.nan, np.float32)
+            lp[is_gen] = pc.logprobs[positions[is_gen] - plen]
+            cols["logprobs"][new] = lp
+            cols["policy_versions"][new] = np.where(is_gen, pc.call.policy_version, -1)
+            cols["call_index"][new] = pc.index
+            src = np.full(k, GENERATED, np.int8)
+            ctx = ~is_gen
+            src[ctx] = pc.prompt_source[positions[ctx]]
+            cols["source"][new] = src
+            cols["depth"][new] = positions
+            # an earlier generation spliced where it was not sampled: context here (it is trained where sampled)
+            self.relocated_splice_tokens += int(np.count_nonzero(src == SPLICED))
+            self.size += k
+            path = np.concatenate((matched, new))
+            if lcp:
+                self.leaf_paths.pop(int(matched[-1]), None)
+            self.leaf_paths[int(new[-1])] = (seq, path)
+        else:
+            path = matched
+        self.call_paths[pc.index] = path
+        self.prompt_lens[pc.index] = plen
+        self.longest = max(self.longest, n)
+        return path
+
+    def column(self, name: str) -> np.ndarray:
+        return self.cols[name][: self.size]
