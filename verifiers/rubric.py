@@ -1,0 +1,193 @@
+"""Rubrics: binary, weighted criteria, each checked by code or by an optional judge model.
+
+A code criterion is a `FileCheck` or a function `(workspace_dir) -> bool | float` (passes at 1.0).
+A judge criterion is a yes/no `question`; the `ModelJudge` renders it with the judge's own tokenizer
+(chat template), generates greedily through the same `InferenceEngine` interface as the policy, and
+reads "yes" or "no". Without a judge, judge criteria are an explicit verifier error, never a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.interfaces import InferenceEngine, SamplingParams, VerifierResult, VerifyContext
+from verifiers.base import BaseVerifier, VerifierConfigError, host_workspace
+from verifiers.files import FileCheck
+
+JUDGE_SYSTEM_PROMPT = (
+    "You are a strict grader. You are shown the output of an assistant that worked on a task, and one "
+    "yes/no criterion. Answer with exactly one word: yes if the criterion is clearly met, no otherwise."
+)
+
+
+@dataclass
+class Criterion:
+    """One binary criterion: exactly one of `check` (code) or `question` (judge)."""
+
+    name: str
+    weight: float = 1.0
+    check: FileCheck | Callable[[Path], Any] | None = None
+    question: str | None = None
+    evidence: Sequence[str] | None = None  # workspace files shown to the judge (None: small text files)
+
+    def __post_init__(self) -> None:
+        if (self.check is None) == (self.question is None):
+            raise VerifierConfigError(f"criterion {self.name!r} needs exactly one of `check` or `question`")
+        if self.weight < 0:
+            raise VerifierConfigError(f"criterion {self.name!r} has a negative weight")
+
+    @property
+    def needs_judge(self) -> bool:
+        return self.question is not None
+
+
+class JudgeAnswerError(RuntimeError):
+    """The judge model answered neither yes nor no."""
+
+
+class ModelJudge:
+    """A yes/no judge over any `InferenceEngine` plus the tokenizer (with chat template) of its model."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        *,
+        max_tokens: int = 8,
+        max_evidence_chars: int = 8000,
+        system_prompt: str = JUDGE_SYSTEM_PROMPT,
+    ) -> None:
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise VerifierConfigError("the judge tokenizer needs apply_chat_template (a transformers tokenizer)")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.max_evidence_chars = max_evidence_chars
+        self.system_prompt = system_prompt
+
+    def render(self, question: str, evidence: str) -> list[int]:
+        if len(evidence) > self.max_evidence_chars:
+            evidence = evidence[: self.max_evidence_chars] + "\n[... truncated]"
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": f"## Evidence\n{evidence}\n\n## Criterion\n{question}\n\nAnswer yes or no."},
+        ]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    async def ask(self, question: str, evidence: str) -> tuple[bool, str]:
+        """(passed, raw answer text); raises JudgeAnswerError when the answer is not yes/no."""
+        stop = getattr(self.tokenizer, "eos_token_id", None)
+        sampling = SamplingParams(
+            max_tokens=self.max_tokens, temperature=0.0, stop_token_ids=(stop,) if isinstance(stop, int) else ()
+        )
+        generation = await self.engine.generate(self.render(question, evidence), sampling)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
+        return parse_yes_no(text), text
+
+
+def parse_yes_no(text: str) -> bool:
+    words = re.findall(r"[a-z]+", text.lower())
+    if words and words[0] in ("yes", "true", "pass"):
+        return True
+    if words and words[0] in ("no", "false", "fail"):
+        return False
+    raise JudgeAnswerError(f"judge answered {text[:80]!r}, neither yes nor no")
+
+
+def collect_evidence(workspace: Path, final_message: str, files: Sequence[str] | None, limit: int = 4000) -> str:
+    """Final message plus the text of the named files (default: small text files of the workspace)."""
+    parts = [f"### Final message of the assistant\n{final_message or '(none)'}"]
+    if files is None:
+        paths = [p for p in sorted(Path(workspace).rglob("*")) if p.is_file() and p.stat().st_size <= limit]
+    else:
+        paths = [Path(workspace) / f for f in files]
+    for path in paths[:20]:
+        rel = path.relative_to(workspace).as_posix() if path.is_relative_to(workspace) else str(path)
+        if not path.is_file():
+            parts.append(f"### {rel}\n(missing)")
+            continue
+        try:
+            parts.append(f"### {rel}\n{path.read_text(encoding='utf-8')[:limit]}")
+        except UnicodeDecodeError:
+            parts.append(f"### {rel}\n(binary file, {path.stat().st_size} bytes)")
+    return "\n\n".join(parts)
+
+
+class RubricVerifier(BaseVerifier):
+    """Weighted binary criteria; reward = passed weight / total weight."""
+
+    def __init__(
+        self,
+        criteria: Sequence[Criterion],
+        *,
+        judge: ModelJudge | None = None,
+        name: str = "rubric",
+        timeout_s: float = 300.0,
+    ) -> None:
+        if not criteria:
+            raise VerifierConfigError("RubricVerifier needs at least one criterion")
+        names = [c.name for c in criteria]
+        if len(set(names)) != len(names):
+            raise VerifierConfigError(f"criterion names must be unique: {names}")
+        if sum(c.weight for c in criteria) <= 0:
+            raise VerifierConfigError("the criteria weights sum to 0")
+        self.criteria = list(criteria)
+        self.judge = judge
+        self.name = name
+        self.timeout_s = timeout_s
+
+    @staticmethod
+    def _run_code(criterion: Criterion, workspace: Path) -> tuple[bool, str]:
+        check = criterion.check
+        if isinstance(check, FileCheck):
+            outcome = check.run(workspace)
+            return outcome.passed, outcome.detail
+        value = check(workspace)  # type: ignore[misc]
+        if isinstance(value, tuple):
+            value, detail = value
+        else:
+            detail = ""
+        if isinstance(value, bool) or isinstance(value, (int, float)) and 0 <= value <= 1:
+            return float(value) >= 1.0 - 1e-9, detail or str(value)
+        raise VerifierConfigError(f"criterion {criterion.name!r} check returned {value!r}; expected bool or [0, 1]")
+
+    async def _verify(self, ctx: VerifyContext) -> VerifierResult:
+        results: dict[str, float] = {}
+        lines: list[str] = []
+        needs_judge = [c.name for c in self.criteria if c.needs_judge]
+        message = ctx.harness_result.final_message if ctx.harness_result else ""
+        async with host_workspace(ctx) as workspace:
+            for c in self.criteria:
+                if c.needs_judge:
+                    if self.judge is None:
+                        continue
+                    evidence = await asyncio.to_thread(collect_evidence, workspace, message, c.evidence)
+                    try:
+                        passed, raw = await self.judge.ask(c.question or "", evidence)
+                    except JudgeAnswerError as exc:
+                        return VerifierResult(
+                            reward=0.0, subscores=results, error=f"criterion {c.name!r}: {exc}",
+                            explanation="\n".join(lines + [f"ERROR {c.name}: {exc}"]),
+                        )
+                    detail = f"judge said {raw!r}"
+                else:
+                    passed, detail = await asyncio.to_thread(self._run_code, c, workspace)
+                results[c.name] = 1.0 if passed else 0.0
+                lines.append(f"{'PASS' if passed else 'FAIL'} {c.name} (w={c.weight:g}): {detail}")
+        if needs_judge and self.judge is None:
+            error = (
+                f"criteria {needs_judge} need a judge model, and none is configured: pass "
+                "judge=ModelJudge(engine, tokenizer) to RubricVerifier (or drop those criteria)"
+            )
+            return VerifierResult(reward=0.0, subscores=results, error=error, explanation="\n".join(lines + [error]))
+        total = sum(c.weight for c in self.criteria)
+        reward = sum(c.weight * results[c.name] for c in self.criteria) / total
+        return VerifierResult(reward=min(1.0, reward), subscores=results, explanation="\n".join(lines))
