@@ -1,0 +1,786 @@
+"""The local sandbox backend: one bubblewrap sandbox per rollout.
+
+Each sandbox is one long-lived `bwrap` process whose child, `sandbox_init.py`, holds the namespaces:
+read-only view of the host (`--ro-bind / /`), private writable workspace bound at the task's mount path,
+private tmpfs /tmp, /root (HOME) and /run, its own PID/net/IPC/UTS/user namespaces (loopback only), no
+capabilities. Commands are started by that init (so they share its namespaces and limits) on request over a
+control socket; their stdin/stdout/stderr are host pipes passed along with the request. When a proxy is
+given, the init relays 127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket, bound in at
+/run/clawgym/proxy.sock; that relay is the only way out.
+
+Host folders: <root>/<sandbox id>/workspace (bound into the sandbox) and <root>/<sandbox id>/sandbox.json
+(owner pid, bwrap pid, cgroups) so that `reap_leftovers(root)` can clean up after a crashed run. The root
+itself, and any `hidden_paths`, are covered by an empty tmpfs inside every sandbox.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import atexit
+import contextlib
+import itertools
+import json
+import os
+import posixpath
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from clawgym_env.interfaces import ExecResult, ProxyEndpoint, SandboxLimits, SandboxUnavailable
+from clawgym_env.sandbox.cgroups import SandboxCgroup
+from clawgym_env.sandbox.workspace import materialize_workspace
+
+if TYPE_CHECKING:
+    from clawgym_env.specs import TaskSpec
+
+INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
+PROXY_SOCKET_INSIDE = "/run/clawgym/proxy.sock"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh tmpfs in every sandbox
+READY_TIMEOUT_S = 20.0
+OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers still holding its stdout
+DISK_CHECK_INTERVAL_S = 1.0
+MEMORY_HINTS = ("MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc", "heap out of memory")
+
+
+class SandboxError(RuntimeError):
+    """A sandbox failed to start, or was used after it was destroyed."""
+
+
+def default_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"clawgym-sandboxes-{os.getuid()}"
+
+
+def default_python() -> str:
+    """An interpreter that stays visible inside the sandbox (not under /root or /tmp, which are private)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("python3")
+    if found:
+        return found
+    raise SandboxUnavailable("no python3 outside /root and /tmp for the sandbox init; install one with `apt-get install -y python3`")
+
+
+# ------------------------------------------------------------------------------------------- start-up check
+_PROBED: dict[tuple[str, str], str | None] = {}
+
+
+def check_bubblewrap(bwrap: str = "bwrap", python: str | None = None) -> None:
+    """Raise SandboxUnavailable, saying how to fix it, if bubblewrap sandboxes cannot start here."""
+    python = python or default_python()
+    key = (bwrap, python)
+    if key not in _PROBED:
+        _PROBED[key] = _probe(bwrap, python)
+    if _PROBED[key] is not None:
+        raise SandboxUnavailable(_PROBED[key])
+
+
+def _probe(bwrap: str, python: str) -> str | None:
+    if shutil.which(bwrap) is None:
+        return (
+            f"bubblewrap ({bwrap!r}) is not installed; install it with `apt-get install -y bubblewrap` "
+            "(Debian/Ubuntu) or `dnf install bubblewrap`, or pass backend_options={'bwrap': '/path/to/bwrap'}"
+        )
+    args = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+            "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--die-with-parent",
+            python, "-I", "-S", "-c", "pass"]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap could not start a test sandbox: {exc}"
+    if done.returncode == 0:
+        return None
+    return (
+        f"bubblewrap cannot create a sandbox here: {done.stderr.strip() or done.returncode}. It needs user and mount "
+        "namespaces: enable them with `sysctl -w kernel.unprivileged_userns_clone=1` (Debian), "
+        "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+) or "
+        "`sysctl -w user.max_user_namespaces=15000`; inside Docker run the container with "
+        "`--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (or --privileged). "
+        f"Also check that {python} runs (pass backend_options={{'python': ...}} otherwise)."
+    )
+
+
+# ------------------------------------------------------------------------------------- process-exit cleanup
+_LIVE: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _destroy_all_at_exit() -> None:
+    for sandbox in list(_LIVE):
+        sandbox.destroy_now()
+
+
+# ------------------------------------------------------------------------------------------------ backend
+class LocalSandboxBackend:
+    """Makes bubblewrap sandboxes under `root`; see the module docstring for what each one isolates.
+
+    Options: `root` (host folder of all sandbox dirs), `hidden_paths` (host paths to hide inside, e.g. run
+    folders holding recorded calls), `ro_binds` ({host path: sandbox path}, e.g. a harness install),
+    `limits` (defaults for every sandbox), `relay_port`, `env` (extra environment of every command),
+    `python` (interpreter for the init), `use_cgroups`, `bwrap`.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        hidden_paths: Sequence[Path | str] = (),
+        ro_binds: Mapping[str, str] | None = None,
+        limits: SandboxLimits | Mapping[str, Any] | None = None,
+        relay_port: int = 8080,
+        env: Mapping[str, str] | None = None,
+        python: str | None = None,
+        use_cgroups: bool = True,
+        bwrap: str = "bwrap",
+    ) -> None:
+        self.bwrap = bwrap
+        self.python = python or default_python()
+        check_bubblewrap(bwrap, self.python)
+        self.root = Path(root or default_root()).absolute()
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.hidden_paths = [Path(p).absolute() for p in hidden_paths]
+        self.ro_binds = {str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()}
+        self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
+        self.relay_port = relay_port
+        self.env = dict(env or {})
+        self.use_cgroups = use_cgroups
+        self._sandboxes: set[LocalSandbox] = set()
+
+    @property
+    def limit_mode(self) -> str:
+        """'cgroup' when memory and process limits bind the whole sandbox, else 'rlimit' (per process)."""
+        if not self.use_cgroups:
+            return "rlimit"
+        probe = SandboxCgroup.create(f"clawgym-probe-{uuid.uuid4().hex[:8]}", 64, 16)
+        if probe is None:
+            return "rlimit"
+        probe.remove()
+        return "cgroup"
+
+    async def create(
+        self,
+        task: TaskSpec,
+        *,
+        proxy: ProxyEndpoint | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> LocalSandbox:
+        """Seed a workspace, start the sandbox, and return once its relay (if any) is listening."""
+        if proxy is not None and proxy.unix_socket is None:
+            raise ValueError(
+                "the local backend reaches the proxy only through its Unix socket; start the serving proxy with "
+                "a unix_socket (ProxyEndpoint.unix_socket), since the sandbox has no network of its own"
+            )
+        limits = limits or self.limits
+        sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
+        host_dir = self.root / sandbox_id
+        workspace_dir = host_dir / "workspace"
+        workspace_dir.mkdir(parents=True)
+        sandbox = LocalSandbox(self, sandbox_id, host_dir, task.mount_path, limits, proxy)
+        self._sandboxes.add(sandbox)
+        try:
+            await asyncio.to_thread(materialize_workspace, task.workspace, workspace_dir) if task.workspace.function \
+                else materialize_workspace(task.workspace, workspace_dir)
+            await sandbox._start()
+        except BaseException:
+            await sandbox.destroy()
+            raise
+        return sandbox
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, task: TaskSpec, **kwargs: Any):  # -> AsyncIterator[LocalSandbox]
+        """`async with backend.sandbox(task) as sb:` destroys it whatever happens inside."""
+        box = await self.create(task, **kwargs)
+        try:
+            yield box
+        finally:
+            await asyncio.shield(box.destroy())
+
+    async def aclose(self) -> None:
+        """Destroy every sandbox this backend made that is still alive."""
+        await asyncio.gather(*(s.destroy() for s in list(self._sandboxes)), return_exceptions=True)
+
+    async def __aenter__(self) -> LocalSandboxBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _absolute_inside(path: str, what: str) -> str:
+    normal = posixpath.normpath(path)
+    if not posixpath.isabs(normal) or normal == "/":
+        raise ValueError(f"{what} {path!r} must be an absolute path inside the sandbox, below /")
+    return normal
+
+
+# ------------------------------------------------------------------------------------------------ sandbox
+class LocalSandbox:
+    """One running bubblewrap sandbox. Use `async with` (or call `destroy()`) to release it."""
+
+    def __init__(
+        self,
+        backend: LocalSandboxBackend,
+        sandbox_id: str,
+        host_dir: Path,
+        mount_path: str,
+        limits: SandboxLimits,
+        proxy: ProxyEndpoint | None,
+    ) -> None:
+        self.id = sandbox_id
+        self.workspace_path = mount_path
+        self.proxy_base_url: str | None = f"http://127.0.0.1:{backend.relay_port}" if proxy else None
+        self.host_dir = host_dir
+        self.workspace_dir = host_dir / "workspace"
+        self.limits = limits
+        self._backend = backend
+        self._proxy = proxy
+        self._process: asyncio.subprocess.Process | None = None
+        self._control: socket.socket | None = None
+        self._cgroup: SandboxCgroup | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+        self._deadline = time.monotonic() + limits.wall_time_s
+        self._wall_timer: asyncio.TimerHandle | None = None
+        self._destroyed = False
+        self._gone_reason: str | None = None
+        self._stderr_path = host_dir / "init.stderr"
+
+    # ------------------------------------------------------------------ start
+    def _bwrap_args(self, init_fd: int) -> list[str]:
+        b = self._backend
+        args = [b.bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+                "--disable-userns", "--cap-drop", "ALL", "--hostname", self.id, "--die-with-parent", "--new-session",
+                "--proc", "/proc", "--dev", "/dev"]
+        tmpfs_size = str(self.limits.workspace_mb * 1024 * 1024)
+        for private in PRIVATE_DIRS:
+            args += ["--size", tmpfs_size, "--tmpfs", private]
+        hidden = [b.root, *b.hidden_paths]
+        if self._proxy is not None and self._proxy.unix_socket is not None:
+            hidden.append(Path(self._proxy.unix_socket).absolute().parent)
+        for path in hidden:
+            if not path.exists() or any(_is_under(str(path), p) for p in PRIVATE_DIRS):
+                continue  # nothing to hide, or already hidden under a private tmpfs
+            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+        for host_path, inside in b.ro_binds.items():
+            args += ["--ro-bind", host_path, inside]
+        if self._proxy is not None and self._proxy.unix_socket is not None:
+            args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
+        args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
+        args += [b.python, "-I", "-S", "-c", INIT_SOURCE, str(init_fd), json.dumps(self._init_config())]
+        return args
+
+    def _init_config(self) -> dict[str, Any]:
+        mb = 1024 * 1024
+        rlimits = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": self.limits.workspace_mb * mb, "RLIMIT_NPROC": self.limits.max_processes}
+        if self._cgroup is None:  # no cgroup: cap each process's writable memory instead
+            rlimits["RLIMIT_DATA"] = self.limits.memory_mb * mb
+        config: dict[str, Any] = {"rlimits": rlimits}
+        if self._proxy is not None:
+            config["relay"] = {"port": self._backend.relay_port, "socket": PROXY_SOCKET_INSIDE}
+        return config
+
+    async def _start(self) -> None:
+        if self._backend.use_cgroups:
+            self._cgroup = SandboxCgroup.create(f"clawgym-{self.id}", self.limits.memory_mb, self.limits.max_processes)
+        host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._control = host_end
+        args = self._bwrap_args(init_end.fileno())
+        if self._cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is in it
+            joins = " && ".join(f"echo $$ > {shlex_quote(str(f))}" for f in self._cgroup.procs_files)
+            args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *args]
+        with open(self._stderr_path, "wb") as stderr:
+            self._process = await asyncio.create_subprocess_exec(
+                *args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                pass_fds=[init_end.fileno()], start_new_session=True,
+            )
+        init_end.close()
+        _LIVE.add(self)
+        self._write_state()
+        host_end.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            ready = await asyncio.wait_for(loop.sock_recv(host_end, 1 << 16), READY_TIMEOUT_S)
+        except (TimeoutError, OSError):
+            ready = b""
+        if not ready:
+            raise SandboxError(f"sandbox {self.id} did not start: {self._stderr_tail() or 'no output from bwrap'}")
+        self._reader = asyncio.create_task(self._read_control())
+        self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
+
+    def _write_state(self) -> None:
+        me = psutil.Process()
+        state = {
+            "id": self.id,
+            "owner_pid": me.pid,
+            "owner_started": me.create_time(),
+            "bwrap_pid": self._process.pid if self._process else None,
+            "cgroups": [str(d) for d in self._cgroup.dirs] if self._cgroup else [],
+            "created": time.time(),
+        }
+        (self.host_dir / "sandbox.json").write_text(json.dumps(state))
+
+    def _stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self._stderr_path.read_text(errors="replace").strip()[-2000:]
+        return ""
+
+    async def _read_control(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._control is not None
+        try:
+            while True:
+                data = await loop.sock_recv(self._control, 1 << 16)
+                if not data:
+                    break
+                message = json.loads(data)
+                future = self._pending.pop(message.get("id"), None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._fail_pending(self._gone_reason or "sandbox_exited")
+
+    def _fail_pending(self, reason: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_result({"op": "gone", "reason": reason})
+        self._pending.clear()
+
+    def _wall_time_up(self) -> None:
+        self._gone_reason = "wall_time"
+        asyncio.ensure_future(self.destroy())
+
+    # ------------------------------------------------------------------ exec
+    async def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run a command (argv, or a shell string for /bin/sh -c) inside the sandbox and wait for it."""
+        code, out, err, duration, reason = await self._run(command, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin)
+        return ExecResult(
+            exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
+            duration_s=duration, timed_out=reason in ("timeout", "wall_time"), killed_reason=reason,
+        )
+
+    async def _run(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+    ) -> tuple[int, bytes, bytes, float, str | None]:
+        self._check_alive()
+        if isinstance(command, str):
+            argv = ["/bin/sh", "-c", command]
+        else:
+            argv = [str(part) for part in command]
+            if not argv:
+                raise ValueError("exec needs a non-empty command")
+        request_id = next(self._ids)
+        request = {
+            "op": "exec", "id": request_id, "argv": argv,
+            "cwd": posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
+            "env": self._command_env(env),
+        }
+        wall_left = self._deadline - time.monotonic()
+        budget = min(timeout_s, wall_left) if timeout_s is not None else wall_left
+        reason_if_late = "timeout" if timeout_s is not None and timeout_s <= wall_left else "wall_time"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[request_id] = future
+
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        in_read, in_write = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
+        out_buf, err_buf = bytearray(), bytearray()
+        readers = [asyncio.create_task(_drain(out_read, out_buf)), asyncio.create_task(_drain(err_read, err_buf))]
+        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+        forks_before = self._cgroup.fork_refusals() if self._cgroup else 0
+        started = time.monotonic()
+        try:
+            assert self._control is not None
+            self._control.sendmsg(
+                [json.dumps(request).encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [in_read, out_write, err_write]))],
+            )
+        except OSError as exc:
+            self._pending.pop(request_id, None)
+            for task in readers:
+                task.cancel()
+            raise SandboxError(f"sandbox {self.id} is not running ({exc})") from exc
+        finally:
+            for fd in (in_read, out_write, err_write):
+                os.close(fd)
+        if in_write is not None:
+            await _feed(in_write, stdin or b"")
+
+        reason: str | None = None
+        watcher = asyncio.create_task(self._watch_disk(request_id))
+        try:
+            message = await asyncio.wait_for(asyncio.shield(future), max(budget, 0.0))
+        except TimeoutError:
+            reason = reason_if_late
+            self._send_kill(request_id)
+            try:
+                message = await asyncio.wait_for(asyncio.shield(future), 10.0)
+            except TimeoutError:
+                message = {"op": "gone", "reason": reason}
+        except asyncio.CancelledError:
+            self._send_kill(request_id)
+            raise
+        finally:
+            watcher.cancel()
+            if not watcher.cancelled() and watcher.done() and watcher.result():
+                reason = reason or "disk"
+        if watcher.done() and not watcher.cancelled() and watcher.result():
+            reason = reason or "disk"
+        await _finish_readers(readers, OUTPUT_GRACE_S)
+        duration = time.monotonic() - started
+
+        if message["op"] == "error":
+            err_buf += f"clawgym sandbox: cannot run {argv[0]!r}: {message['error']}\n".encode()
+            return 127, bytes(out_buf), bytes(err_buf), duration, reason
+        if message["op"] == "gone":
+            return 137, bytes(out_buf), bytes(err_buf), duration, reason or message["reason"]
+        code = int(message["code"])
+        if reason is None and code != 0:
+            reason = self._explain_failure(message, err_buf, oom_before, forks_before)
+        return code, bytes(out_buf), bytes(err_buf), duration, reason
+
+    def _explain_failure(self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int) -> str | None:
+        if self._cgroup is not None:
+            if self._cgroup.oom_kills() > oom_before:
+                return "memory"
+            if self._cgroup.fork_refusals() > forks_before:
+                return "pids"
+            return None
+        # rlimit mode: the allocation failed inside the process, which usually says so on stderr
+        text = stderr[-4000:].decode(errors="replace")
+        if any(hint in text for hint in MEMORY_HINTS):
+            return "memory"
+        return None
+
+    async def _watch_disk(self, request_id: int) -> bool:
+        """Kill the command once the workspace outgrows its limit; True if it did."""
+        limit = self.limits.workspace_mb * 1024 * 1024
+        while True:
+            await asyncio.sleep(DISK_CHECK_INTERVAL_S)
+            used = await asyncio.to_thread(_disk_usage, self.workspace_dir)
+            if used > limit:
+                self._send_kill(request_id)
+                return True
+
+    def _send_kill(self, request_id: int) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self._control.send(json.dumps({"op": "kill", "id": request_id}).encode())  # type: ignore[union-attr]
+
+    def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "TMPDIR": "/tmp",
+                  "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PWD": self.workspace_path}
+        merged.update(self._backend.env)
+        merged.update({str(k): str(v) for k, v in (env or {}).items()})
+        return merged
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxError(f"sandbox {self.id} was destroyed ({self._gone_reason or 'destroy() was called'})")
+
+    # ------------------------------------------------------------------ files
+    def _resolve(self, path: str) -> tuple[str, str]:
+        """('workspace', relative path) or ('tmp', absolute path); anything else is refused."""
+        inside = posixpath.normpath(posixpath.join(self.workspace_path, path))
+        if _is_under(inside, self.workspace_path):
+            return "workspace", posixpath.relpath(inside, self.workspace_path)
+        if _is_under(inside, "/tmp"):
+            return "tmp", inside
+        raise PermissionError(
+            f"path {path!r} is outside the sandbox's workspace ({self.workspace_path}) and /tmp; "
+            "only those can be read or written"
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_alive()
+        where, target = self._resolve(path)
+        if where == "workspace":
+            return _read_beneath(self.workspace_dir, target)
+        code, out, err, _, _ = await self._run(["cat", "--", target], timeout_s=60)
+        if code != 0:
+            raise FileNotFoundError(f"cannot read {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
+        return out
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._check_alive()
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        where, target = self._resolve(path)
+        if where == "workspace":
+            _write_beneath(self.workspace_dir, target, payload)
+            return
+        script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
+        code, _, err, _, _ = await self._run(["/bin/sh", "-c", script, "sh", target], stdin=payload, timeout_s=60)
+        if code != 0:
+            raise OSError(f"cannot write {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
+
+    async def list_files(self, path: str | None = None) -> list[str]:
+        """Files (recursively, not folders) under `path` (default: the workspace), relative to it, sorted."""
+        self._check_alive()
+        where, target = self._resolve(path or self.workspace_path)
+        if where == "workspace":
+            return _list_beneath(self.workspace_dir, target)
+        code, out, err, _, _ = await self._run(["find", target, "-mindepth", "1", "-not", "-type", "d", "-printf", "%P\\n"], timeout_s=60)
+        if code != 0:
+            raise FileNotFoundError(f"cannot list {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
+        return sorted(line for line in out.decode(errors="replace").splitlines() if line)
+
+    async def download_workspace(self, dest: Path) -> Path:
+        """Copy the workspace to `dest` on the host (symlinks copied as links, never followed)."""
+        self._check_alive()
+        dest = Path(dest)
+        await asyncio.to_thread(shutil.copytree, self.workspace_dir, dest, symlinks=True, dirs_exist_ok=True)
+        return dest
+
+    # ------------------------------------------------------------------ lifecycle
+    async def destroy(self) -> None:
+        """Kill everything in the sandbox and remove its host folder. Safe to call twice."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        if self._wall_timer is not None:
+            self._wall_timer.cancel()
+        self._fail_pending(self._gone_reason or "destroyed")
+        self._kill_and_forget()
+        if self._process is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._process.wait(), 10)
+        if self._reader is not None:
+            self._reader.cancel()
+        await asyncio.to_thread(self._remove_host_state)
+        self._backend._sandboxes.discard(self)
+
+    def destroy_now(self) -> None:
+        """Synchronous destroy for interpreter exit (no event loop)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._kill_and_forget()
+        if self._process is not None:
+            with contextlib.suppress(Exception):
+                os.waitpid(self._process.pid, 0)
+        self._remove_host_state()
+
+    def _kill_and_forget(self) -> None:
+        if self._control is not None:
+            with contextlib.suppress(OSError):
+                self._control.close()
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+        _LIVE.discard(self)
+
+    def _remove_host_state(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.remove()
+        remove_tree(self.host_dir)
+
+    async def __aenter__(self) -> LocalSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self.destroy())
+
+    def __repr__(self) -> str:
+        return f"LocalSandbox({self.id}, workspace={self.workspace_path}, destroyed={self._destroyed})"
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def shlex_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _is_under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+async def _drain(fd: int, buffer: bytearray) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    try:
+        while chunk := await reader.read(1 << 16):
+            buffer += chunk
+    finally:
+        transport.close()
+
+
+async def _feed(fd: int, data: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd, "wb", 0))
+    transport.write(data)
+    transport.close()  # flushes in the background, then closes: the command sees EOF
+
+
+async def _finish_readers(readers: list[asyncio.Task[None]], grace_s: float) -> None:
+    _, pending = await asyncio.wait(readers, timeout=grace_s)
+    for task in pending:  # a background process still holds the pipe: keep what came so far
+        task.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+
+
+def _disk_usage(root: Path) -> int:
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def _open_dir_beneath(root: Path, parts: Sequence[str], create: bool) -> int:
+    """An fd of root/parts, refusing any symlink on the way (a link could point at a host path)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            try:
+                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise PermissionError(f"{'/'.join(parts)}: {part!r} is a symlink or not a folder ({exc.strerror})") from None
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _split(rel: str) -> list[str]:
+    return [p for p in rel.split("/") if p not in ("", ".")]
+
+
+def _read_beneath(root: Path, rel: str) -> bytes:
+    parts = _split(rel)
+    if not parts:
+        raise IsADirectoryError(f"{rel!r} is the workspace folder, not a file")
+    dir_fd = _open_dir_beneath(root, parts[:-1], create=False)
+    try:
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot read {rel!r} in the workspace: {exc.strerror} (symlinks are not followed)") from None
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def _write_beneath(root: Path, rel: str, data: bytes) -> None:
+    parts = _split(rel)
+    if not parts:
+        raise IsADirectoryError(f"{rel!r} is the workspace folder, not a file")
+    dir_fd = _open_dir_beneath(root, parts[:-1], create=True)
+    try:
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        raise PermissionError(f"cannot write {rel!r} in the workspace: {exc.strerror} (symlinks are not followed)") from None
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _list_beneath(root: Path, rel: str) -> list[str]:
+    dir_fd = _open_dir_beneath(root, _split(rel), create=False)
+    found: list[str] = []
+    try:
+        for top, dirs, files, top_fd in os.fwalk(dir_fd=dir_fd):
+            for name in files:
+                found.append(posixpath.normpath(posixpath.join(top, name)))
+            found.extend(posixpath.normpath(posixpath.join(top, d)) for d in dirs if os.path.islink(os.path.join(f"/proc/self/fd/{top_fd}", d)))
+    finally:
+        os.close(dir_fd)
+    return sorted(found)
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf that also copes with folders a sandboxed command made read-only."""
+
+    def fix_and_retry(func: Any, target: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), 0o700)
+            os.chmod(target, 0o700)
+        with contextlib.suppress(OSError):
+            func(target)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=fix_and_retry)
+
+
+# ------------------------------------------------------------------------------------------------- reaper
+def reap_leftovers(root: Path | str | None = None, *, min_age_s: float = 60.0) -> list[str]:
+    """Clean up sandboxes of crashed runs under `root`: kill their processes, remove cgroups and folders.
+
+    A sandbox is a leftover when the process that made it is gone (its pid is dead, or reused by a process
+    started later). Folders without a state file are removed once older than `min_age_s` (a crash during
+    create). Returns the ids removed.
+    """
+    root = Path(root or default_root())
+    if not root.is_dir():
+        return []
+    reaped: list[str] = []
+    for entry in sorted(root.iterdir()):
+        if not entry.is_dir() or not entry.name.startswith("sbx-"):
+            continue
+        state_file = entry / "sandbox.json"
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            if time.time() - entry.stat().st_mtime > min_age_s:
+                remove_tree(entry)
+                reaped.append(entry.name)
+            continue
+        if _owner_alive(state):
+            continue
+        bwrap_pid = state.get("bwrap_pid")
+        if bwrap_pid:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(bwrap_pid)
+                if state["id"] in " ".join(proc.cmdline()):
+                    os.killpg(bwrap_pid, signal.SIGKILL)
+        for d in state.get("cgroups", []):
+            SandboxCgroup(Path(d), Path(d), 1).remove()
+        remove_tree(entry)
+        reaped.append(entry.name)
+    return reaped
+
+
+def _owner_alive(state: Mapping[str, Any]) -> bool:
+    try:
+        owner = psutil.Process(int(state["owner_pid"]))
+        return abs(owner.create_time() - float(state["owner_started"])) < 1.0
+    except (psutil.Error, KeyError, ValueError, TypeError):
+        return False

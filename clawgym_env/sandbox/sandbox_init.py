@@ -1,0 +1,174 @@
+"""The long-lived process inside each local sandbox (run by the host's python with `-I -S`, stdlib only).
+
+It holds the sandbox's namespaces, and
+  * runs every command the host asks for: the host sends {"op": "exec", ...} over a SOCK_SEQPACKET control
+    socket with the command's stdin/stdout/stderr pipe ends attached (SCM_RIGHTS), so output flows straight
+    to the host without passing through here; it answers {"op": "exit", "id", "code", "signal"};
+  * relays 127.0.0.1:<port> inside the sandbox to the serving proxy's Unix socket bound at /run/clawgym/.
+The host passes `argv[1]` = control fd, `argv[2]` = JSON config. When the control socket closes (host gone
+or sandbox destroyed) this process exits, and bubblewrap kills everything left in the PID namespace.
+This file is read as text and given to `python -c`; it must not import anything outside the stdlib.
+"""
+
+import array
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+
+CONTROL = None  # set in main()
+CONFIG = {}
+CHILDREN = {}  # request id -> pid
+SEND_LOCK = threading.Lock()
+
+
+def send(message):
+    with SEND_LOCK:
+        CONTROL.send(json.dumps(message).encode())
+
+
+def apply_limits():
+    for name, value in CONFIG.get("rlimits", {}).items():
+        limit = getattr(resource, name)
+        soft, hard = resource.getrlimit(limit)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(limit, (value, value))
+
+
+def pump(source, sink):
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+            try:
+                sock.shutdown(how)
+            except OSError:
+                pass
+
+
+def relay_connection(client, target):
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(target)
+    except OSError:
+        client.close()
+        upstream.close()
+        return
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+    back.start()
+    pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def start_relay(port, target):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+
+    def serve():
+        while True:
+            client, _ = listener.accept()
+            threading.Thread(target=relay_connection, args=(client, target), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def spawn(request, fds):
+    """fork + exec with the given pipe ends; exec errors come back over a close-on-exec pipe."""
+    err_read, err_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.chdir(request["cwd"])
+            os.execvpe(request["argv"][0], request["argv"], request["env"])
+        except BaseException as exc:  # report any failure to the parent, then leave
+            os.write(err_write, ("%s: %s" % (type(exc).__name__, exc)).encode())
+        os._exit(127)
+    os.close(err_write)
+    for fd in fds:
+        os.close(fd)
+    error = b""
+    while True:
+        chunk = os.read(err_read, 4096)
+        if not chunk:
+            break
+        error += chunk
+    os.close(err_read)
+    if error:
+        os.waitpid(pid, 0)
+        send({"op": "error", "id": request["id"], "error": error.decode(errors="replace")})
+        return
+    CHILDREN[request["id"]] = pid
+    threading.Thread(target=wait_for, args=(request["id"], pid), daemon=True).start()
+
+
+def wait_for(request_id, pid):
+    _, status = os.waitpid(pid, 0)
+    CHILDREN.pop(request_id, None)
+    code = os.waitstatus_to_exitcode(status)
+    send({"op": "exit", "id": request_id, "code": code if code >= 0 else 128 - code,
+          "signal": -code if code < 0 else None})
+
+
+def kill(request_id):
+    pid = CHILDREN.get(request_id)
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def main():
+    global CONTROL, CONFIG
+    CONTROL = socket.socket(fileno=int(sys.argv[1]))
+    CONFIG = json.loads(sys.argv[2])
+    apply_limits()
+    relay = CONFIG.get("relay")
+    if relay:
+        start_relay(relay["port"], relay["socket"])
+    send({"op": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            data, ancdata, _, _ = CONTROL.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4))
+        except OSError:
+            break
+        if not data:
+            break
+        fds = array.array("i")
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+        request = json.loads(data)
+        if request["op"] == "exec":
+            try:
+                spawn(request, list(fds))
+            except OSError as exc:
+                send({"op": "error", "id": request["id"], "error": str(exc)})
+        elif request["op"] == "kill":
+            kill(request["id"])
+    for pid in list(CHILDREN.values()):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
