@@ -1,0 +1,231 @@
+"""Packed tree batches: forests flattened so each unique token is computed once.
+
+In a packed batch token t attends exactly to its ancestors (itself included), its position id is its depth
+in its branch (so positions restart at each fork), and because it is a tree the next-token prediction of
+t comes from the logits at its PARENT's position: `parent_index[t]`, not t - 1. With that, the packed
+per-token log-probs equal those of running every branch on its own (tests/trajectory/test_packing.py).
+
+Attention inputs, per transformers attention implementation:
+- "sdpa": a 4-D bool mask [1, 1, T, T] (True = attend);
+- "eager": the same as an additive float mask (0 / dtype min);
+- "flex_attention": a BlockMask, only on devices where flex attention has a backward pass (not on CPU).
+Several forests in one batch get a block-diagonal mask (no token sees another rollout).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from clawgym_env.trajectory.forest import TrajectoryForest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PackedBatch:
+    """One or more forests as a single packed sequence of T unique tokens and B branches."""
+
+    input_ids: torch.Tensor  # [1, T] long
+    position_ids: torch.Tensor  # [1, T] long: depth in the branch
+    parent_index: torch.Tensor  # [T] long: where the logits predicting token t are; -1 for a root
+    loss_mask: torch.Tensor  # [T] bool: generated tokens (that have a parent)
+    rollout_logprobs: torch.Tensor  # [T] float32: the engine's logprob; 0 where not generated
+    policy_versions: torch.Tensor  # [T] int32: -1 for context
+    forest_index: torch.Tensor  # [T] long: which forest of `rollout_ids` a token belongs to
+    branch_ptr: torch.Tensor  # [B + 1] long: CSR offsets into branch_nodes
+    branch_nodes: torch.Tensor  # [sum of branch lengths] long: each branch's tokens, root to leaf
+    branch_forest: torch.Tensor  # [B] long: the forest of each branch
+    token_branch: torch.Tensor  # [T] long: one branch holding each token (any; used for the mask)
+    rollout_ids: list[str] = field(default_factory=list)
+    rewards: list[float | None] = field(default_factory=list)
+    over_budget: bool = False  # a single forest larger than the token budget
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def num_branches(self) -> int:
+        return int(self.branch_ptr.shape[0] - 1)
+
+    @property
+    def branch_tokens(self) -> int:
+        """Tokens per-branch training would compute: the sum of all branch lengths."""
+        return int(self.branch_nodes.shape[0])
+
+    def branch_membership(self) -> torch.Tensor:
+        """[T, B] bool: token t lies on branch b."""
+        member = torch.zeros(self.num_tokens, self.num_branches, dtype=torch.bool)
+        lengths = self.branch_ptr[1:] - self.branch_ptr[:-1]
+        member[self.branch_nodes, torch.repeat_interleave(torch.arange(self.num_branches), lengths)] = True
+        return member
+
+    def attention_mask(self, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+        """[1, 1, T, T] ancestor-only mask: bool (True = attend) or additive float of `dtype`.
+
+        j is an ancestor-or-self of i iff j lies on a branch through i at a depth <= i's depth: a branch
+        holds one node per depth, so this needs no walk up the tree.
+        """
+        member = self.branch_membership()
+        depth = self.position_ids[0]
+        allowed = member[:, self.token_branch].T & (depth[None, :] <= depth[:, None])
+        if dtype == torch.bool:
+            return allowed[None, None]
+        additive = torch.zeros(allowed.shape, dtype=dtype)
+        additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return additive[None, None]
+
+    def flex_block_mask(self, device: torch.device | str):
+        """A flex-attention BlockMask of the same ancestor relation.
+
+        Refused on CPU: flex attention has no backward pass there; use the 4-D mask with "sdpa" instead.
+        """
+        device = torch.device(device)
+        if device.type == "cpu":
+            raise ValueError("flex attention has no backward pass on CPU: use attn_implementation='sdpa' with attention_mask()")
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        member = self.branch_membership().to(device)
+        token_branch = self.token_branch.to(device)
+        depth = self.position_ids[0].to(device)
+
+        def ancestor(b, h, q, kv):  # noqa: ANN001 - flex's mask_mod signature
+            return member[kv, token_branch[q]] & (depth[kv] <= depth[q])
+
+        return create_block_mask(ancestor, 1, None, self.num_tokens, self.num_tokens, device=device)
+
+    def model_inputs(self, model: torch.nn.Module) -> dict[str, object]:
+        """Keyword arguments for a transformers causal LM, with the mask its attention implementation needs."""
+        impl = getattr(model.config, "_attn_implementation", "sdpa")
+        device = next(model.parameters()).device
+        if impl == "flex_attention":
+            mask: object = self.flex_block_mask(device)
+        elif impl == "eager":
+            mask = self.attention_mask(next(model.parameters()).dtype).to(device)
+        else:
+            mask = self.attention_mask().to(device)
+        return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device), "attention_mask": mask}
+
+    def unpack(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Per-token outputs [T, ...] -> one tensor per branch, root to leaf."""
+        if values.shape[0] != self.num_tokens:
+            raise ValueError(f"unpack needs one value per packed token ({self.num_tokens}), got {values.shape[0]}")
+        nodes = self.branch_nodes.to(values.device)
+        ptr = self.branch_ptr.tolist()
+        return [values[nodes[ptr[b] : ptr[b + 1]]] for b in range(self.num_branches)]
+
+
+def pack_forest(forest: TrajectoryForest) -> PackedBatch:
+    """Pack one forest; it must be trainable (status "ok")."""
+    if not forest.ok:
+        raise ValueError(f"rollout {forest.rollout_id} is {forest.status} ({forest.failure}); only ok forests can be trained on")
+    return _pack([forest])
+
+
+def pack_forests(forests: Sequence[TrajectoryForest], token_budget: int) -> list[PackedBatch]:
+    """Bin-pack ok forests into batches of at most `token_budget` unique tokens (first-fit decreasing).
+
+    Forests that are not ok are skipped. A forest alone larger than the budget cannot be split (its
+    branches share attention) and gets a batch of its own, flagged `over_budget`.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    trainable = [f for f in forests if f.ok and f.num_tokens > 0]
+    bins: list[list[TrajectoryForest]] = []
+    sizes: list[int] = []
+    for forest in sorted(trainable, key=lambda f: f.num_tokens, reverse=True):
+        for i, used in enumerate(sizes):
+            if used + forest.num_tokens <= token_budget:
+                bins[i].append(forest)
+                sizes[i] += forest.num_tokens
+                break
+        else:
+            bins.append([forest])
+            sizes.append(forest.num_tokens)
+    batches = [_pack(group) for group in bins]
+    for batch in batches:
+        if batch.num_tokens > token_budget:
+            batch.over_budget = True
+            log.warning("rollout %s alone has %d tokens > token_budget %d", batch.rollout_ids[0], batch.num_tokens, token_budget)
+    return batches
+
+
+def _pack(forests: Sequence[TrajectoryForest]) -> PackedBatch:
+    tokens, parents, depth, gen, lps, versions, forest_idx = [], [], [], [], [], [], []
+    branch_lists: list[np.ndarray] = []
+    branch_forest: list[int] = []
+    offset = 0
+    for k, forest in enumerate(forests):
+        tokens.append(forest.tokens)
+        parents.append(np.where(forest.parents >= 0, forest.parents + offset, -1))
+        depth.append(forest.depths())
+        gen.append(forest.generated & (forest.parents >= 0))
+        lps.append(np.where(forest.generated, forest.logprobs, 0.0).astype(np.float32))
+        versions.append(forest.policy_versions)
+        forest_idx.append(np.full(forest.num_tokens, k, np.int64))
+        for branch in forest.branches():
+            branch_lists.append(branch + offset)
+            branch_forest.append(k)
+        offset += forest.num_tokens
+    lengths = np.asarray([b.shape[0] for b in branch_lists], np.int64)
+    branch_nodes = np.concatenate(branch_lists) if branch_lists else np.zeros(0, np.int64)
+    token_branch = np.full(offset, -1, np.int64)
+    # any branch through a token will do; later branches overwrite earlier ones
+    token_branch[branch_nodes] = np.repeat(np.arange(len(branch_lists)), lengths)
+    if (token_branch < 0).any():
+        raise ValueError("a token lies on no root-to-leaf branch: the forest's leaves are inconsistent")
+    as_t = torch.from_numpy
+    return PackedBatch(
+        input_ids=as_t(np.concatenate(tokens).astype(np.int64))[None],
+        position_ids=as_t(np.concatenate(depth).astype(np.int64))[None],
+        parent_index=as_t(np.concatenate(parents).astype(np.int64)),
+        loss_mask=as_t(np.concatenate(gen)),
+        rollout_logprobs=as_t(np.concatenate(lps)),
+        policy_versions=as_t(np.concatenate(versions).astype(np.int32)),
+        forest_index=as_t(np.concatenate(forest_idx)),
+        branch_ptr=as_t(np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)),
+        branch_nodes=as_t(branch_nodes.astype(np.int64)),
+        branch_forest=as_t(np.asarray(branch_forest, np.int64)),
+        token_branch=as_t(token_branch),
+        rollout_ids=[f.rollout_id for f in forests],
+        rewards=[f.reward for f in forests],
+    )
+
+
+def _gather_logprobs(logits: torch.Tensor, batch: PackedBatch, with_entropy: bool, chunk: int):
+    """Log-prob (and entropy) of each token from the logits at its parent's position."""
+    T = batch.num_tokens
+    device = logits.device
+    ids = batch.input_ids[0].to(device)
+    src = batch.parent_index.to(device).clamp(min=0)
+    out_lp, out_ent = [], []
+    for start in range(0, T, chunk):
+        rows = logits[src[start : start + chunk]].float()
+        logp = torch.log_softmax(rows, dim=-1)
+        out_lp.append(logp.gather(-1, ids[start : start + chunk, None])[:, 0])
+        if with_entropy:
+            out_ent.append(-(logp.exp() * logp).sum(-1))
+    has_parent = batch.parent_index.to(device) >= 0
+    lp = torch.where(has_parent, torch.cat(out_lp), torch.zeros((), device=device))
+    if not with_entropy:
+        return lp
+    return lp, torch.where(has_parent, torch.cat(out_ent), torch.zeros((), device=device))
+
+
+def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, *, chunk: int = 4096) -> torch.Tensor:
+    """[T] log-prob of each packed token given its ancestors (0 for roots, which nothing predicts)."""
+    logits = model(**batch.model_inputs(model)).logits[0]
+    return _gather_logprobs(logits, batch, False, chunk)
+
+
+def packed_logprobs_and_entropy(
+    model: torch.nn.Module, batch: PackedBatch, *, chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T] log-probs and [T] entropies of the predicting distributions (both 0 for roots)."""
+    logits = model(**batch.model_inputs(model)).logits[0]
+    return _gather_logprobs(logits, batch, True, chunk)

@@ -1,0 +1,129 @@
+"""Packed tree batches on a real (small, randomly initialised) transformers model, float32 on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from clawgym_env.specs import ForestOptions
+from clawgym_env.trajectory.packing import pack_forest, pack_forests, packed_logprobs, packed_logprobs_and_entropy
+from clawgym_env.trajectory.reconstruct import build_forest
+from clawgym_env.trajectory.synthetic import synthetic_rollout
+
+VOCAB = 1000
+
+
+def small_model(arch: str, impl: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        attn_implementation=impl,
+    )
+    if arch == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common)).float()
+    return LlamaForCausalLM(LlamaConfig(**common)).float()
+
+
+def forest(seed: int, mode: str = "openclaw_chat"):
+    """A branching forest: non-prefix calls and kept retries give several branches with shared prefixes."""
+    r = synthetic_rollout(
+        seed, rollout_id=f"r{seed}", mode=mode, turns=3, retry_prob=0.5, vocab=VOCAB,
+        system_tokens=20, tools_tokens=10, gen_tokens=(8, 20), tool_tokens=(5, 15),
+    )  # fmt: skip
+    f = build_forest(r.calls, rollout_id=r.rollout_id, reward=1.0, options=ForestOptions(drop_dead_leaves=False))
+    assert f.num_branches >= 3
+    return f
+
+
+def branchwise(model: torch.nn.Module, batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each branch run on its own as a plain causal sequence: (logprobs, entropies) of tokens 1..n-1."""
+    out = []
+    for nodes in batch.unpack(torch.arange(batch.num_tokens)):
+        ids = batch.input_ids[0, nodes][None]
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+        out.append((logp.gather(-1, ids[0, 1:, None])[:, 0], -(logp.exp() * logp).sum(-1)))
+    return out
+
+
+@pytest.mark.parametrize(("arch", "impl"), [("qwen3", "sdpa"), ("qwen3", "eager"), ("llama", "sdpa")])
+def test_packed_logprobs_and_gradients_equal_branchwise(arch: str, impl: str) -> None:
+    model = small_model(arch, impl)
+    batch = pack_forest(forest(1))
+    assert batch.num_tokens < batch.branch_tokens  # something is shared
+
+    packed_lp, packed_ent = packed_logprobs_and_entropy(model, batch)
+    ref = branchwise(model, batch)
+    for (lp_b, ent_b), got_lp, got_ent in zip(ref, batch.unpack(packed_lp), batch.unpack(packed_ent), strict=True):
+        assert (got_lp[1:] - lp_b).abs().max().item() < 1e-4
+        assert (got_ent[1:] - ent_b).abs().max().item() < 1e-4
+
+    # gradients of a sum over tokens where each unique token counts once
+    model.zero_grad()
+    packed_logprobs(model, batch)[batch.parent_index >= 0].sum().backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    owner = np.full(batch.num_tokens, -1)  # the first branch holding each node counts it
+    nodes_per_branch = batch.unpack(torch.arange(batch.num_tokens))
+    for b, nodes in reversed(list(enumerate(nodes_per_branch))):
+        owner[nodes.numpy()] = b
+    loss = 0.0
+    for b, ((lp_b, _), nodes) in enumerate(zip(branchwise(model, batch), nodes_per_branch, strict=True)):
+        counted = torch.from_numpy(owner[nodes[1:].numpy()] == b)
+        loss = loss + lp_b[counted].sum()
+    loss.backward()
+    for name, param in model.named_parameters():
+        assert torch.allclose(packed_grads[name], param.grad, atol=1e-4, rtol=1e-3), name
+
+
+def test_layout_fields() -> None:
+    f = forest(2)
+    batch = pack_forest(f)
+    T = f.num_tokens
+    assert batch.input_ids.shape == (1, T) and batch.attention_mask().shape == (1, 1, T, T)
+    assert torch.equal(batch.position_ids[0], torch.from_numpy(f.depths()))
+    assert torch.equal(batch.parent_index, torch.from_numpy(f.parents))
+    assert torch.equal(batch.loss_mask, torch.from_numpy(f.generated))
+    gen = batch.loss_mask
+    np.testing.assert_array_equal(batch.rollout_logprobs[gen].numpy(), f.logprobs[f.generated])
+    assert [t.tolist() for t in batch.unpack(batch.input_ids[0])] == f.branch_tokens()
+    member = batch.branch_membership()
+    assert member.shape == (T, f.num_branches) and member.any(1).all()
+    mask = batch.attention_mask()[0, 0]
+    assert mask.diagonal().all() and not torch.triu(mask, 1).any()  # self and only earlier (ancestor) nodes
+    assert mask.sum().item() == int((f.depths() + 1).sum())  # each token sees exactly its depth + 1 ancestors
+    additive = batch.attention_mask(torch.float32)[0, 0]
+    assert torch.equal(additive == 0, mask)
+    with pytest.raises(ValueError, match="no backward pass on CPU"):
+        batch.flex_block_mask("cpu")
+
+
+def test_bin_packing_is_block_diagonal_and_matches_single_packs() -> None:
+    forests = [forest(s) for s in (3, 4, 5)]
+    failed = build_forest([], rollout_id="empty")
+    sizes = sorted(f.num_tokens for f in forests)
+    budget = sizes[-1] + sizes[0]
+    batches = pack_forests([*forests, failed], token_budget=budget)
+    assert sorted(r for b in batches for r in b.rollout_ids) == ["r3", "r4", "r5"]
+    assert all(b.num_tokens <= budget and not b.over_budget for b in batches) and len(batches) == 2
+    two = next(b for b in batches if len(b.rollout_ids) == 2)
+    mask = two.attention_mask()[0, 0]
+    first = two.forest_index == 0
+    assert not mask[first][:, ~first].any() and not mask[~first][:, first].any()
+    model = small_model("qwen3", "sdpa")
+    together = packed_logprobs(model, two)
+    by_id = {f.rollout_id: f for f in forests}
+    for k, rid in enumerate(two.rollout_ids):
+        alone = packed_logprobs(model, pack_forest(by_id[rid]))
+        assert (together[two.forest_index == k] - alone).abs().max().item() < 1e-4
+    (big,) = pack_forests(forests[:1], token_budget=10)
+    assert big.over_budget
+    with pytest.raises(ValueError, match="only ok forests"):
+        pack_forest(failed)
