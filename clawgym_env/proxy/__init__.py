@@ -1,0 +1,7 @@
+"""The serving proxy: every harness's model endpoint, token-in, token-out (see docs/proxy.md)."""
+
+from clawgym_env.proxy.renderers import ChatMLRenderer, Renderer, TemplateMismatch
+from clawgym_env.proxy.rollouts import RolloutStats
+from clawgym_env.proxy.server import ServingProxy
+
+__all__ = ["ChatMLRenderer", "Renderer", "RolloutStats", "ServingProxy", "TemplateMismatch"]

@@ -1,0 +1,123 @@
+"""What every API adapter does: request body -> Conversation, finished call -> response (JSON or SSE)."""
+
+from __future__ import annotations
+
+import secrets
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from clawgym_env.proxy.conversation import Conversation, ToolCall
+from clawgym_env.proxy.errors import ProxyError, validation_message
+from clawgym_env.specs import ApiStyle
+
+STREAM_CHUNK_CHARS = 96  # text and argument deltas are cut into pieces of this size
+
+
+def mint_id(prefix: str, nbytes: int = 12) -> str:
+    return prefix + secrets.token_hex(nbytes)
+
+
+def chunks(text: str, size: int = STREAM_CHUNK_CHARS) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+class Permissive(BaseModel):
+    """Request models accept unknown fields: harnesses send many we do not need."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+Finish = Literal["stop", "length", "tool_calls"]
+
+
+@dataclass(slots=True)
+class CallOutput:
+    """A finished generation, ready to be written in any API's format."""
+
+    model: str
+    created: int
+    text: str
+    reasoning: str | None
+    tool_calls: list[ToolCall]  # ids minted by the adapter
+    finish: Finish
+    prompt_tokens: int
+    completion_tokens: int
+    response_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ApiAdapter(ABC):
+    style: ClassVar[ApiStyle]
+    request_model: ClassVar[type[Permissive]]
+    tool_call_id_prefix: ClassVar[str] = "call_"
+    response_id_prefix: ClassVar[str] = "resp_"
+
+    def parse_request(self, body: Any) -> Any:
+        if not isinstance(body, dict):
+            raise ProxyError("invalid_request", "invalid request: the body must be a JSON object")
+        try:
+            return self.request_model.model_validate(body)
+        except ValidationError as exc:
+            message, param = validation_message(exc)
+            raise ProxyError("invalid_request", message, param) from None
+
+    @abstractmethod
+    def to_conversation(self, request: Any) -> Conversation: ...
+
+    @abstractmethod
+    def requested_max_tokens(self, request: Any) -> int | None: ...
+
+    def wants_stream(self, request: Any) -> bool:
+        return bool(getattr(request, "stream", False))
+
+    def finish_output(self, output: CallOutput) -> CallOutput:
+        """Mint the response id and tool-call ids (the proxy's own; harnesses may rewrite them)."""
+        output.response_id = mint_id(self.response_id_prefix)
+        for call in output.tool_calls:
+            call.id = mint_id(self.tool_call_id_prefix)
+        return output
+
+    @abstractmethod
+    def response(self, output: CallOutput, request: Any) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def stream(self, output: CallOutput, request: Any) -> list[bytes]: ...
+
+
+def content_text(content: Any, param: str, allowed: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:
+    """Plain text of a content value: a string, or a list of parts whose text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            if not isinstance(part, dict):
+                raise ProxyError("invalid_request", f"{param}.{i} must be a content part object", f"{param}.{i}")
+            kind = part.get("type")
+            if kind in allowed or (kind is None and "text" in part):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise ProxyError("invalid_request", f"{param}.{i}.text must be a string", f"{param}.{i}.text")
+                texts.append(text)
+            elif kind in ("image", "image_url", "input_image"):
+                texts.append("[image omitted]")
+            elif kind in ("document", "input_file", "file"):
+                texts.append("[file omitted]")
+            elif kind == "refusal":
+                texts.append(str(part.get("refusal", "")))
+        return "\n\n".join(texts)
+    raise ProxyError("invalid_request", f"{param} must be a string or a list of content parts", param)

@@ -1,0 +1,248 @@
+"""OpenAI Responses (`POST /v1/responses`), as Codex CLI and OpenClaw speak it.
+
+Stateless only (harnesses send `store: false` and the full `input`): `previous_response_id` is refused
+with a 400 that says so. `instructions`, system and developer messages become system messages;
+`function_call` / `function_call_output` items become tool calls and tool results; `reasoning` items are
+echoed reasoning. Hosted tools (web_search, ...) are not offered to the policy: it cannot call them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import Field
+
+from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, Permissive, chunks, content_text, mint_id
+from clawgym_env.proxy.conversation import (
+    Conversation,
+    Message,
+    ToolCall,
+    ToolSpec,
+    arguments_json,
+    merge_consecutive_assistants,
+    parse_arguments,
+)
+from clawgym_env.proxy.errors import ProxyError
+from clawgym_env.specs import ApiStyle
+
+
+class InputItem(Permissive):
+    type: str | None = None
+    role: str | None = None
+    content: str | list[Any] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | dict[str, Any] | None = None
+    output: str | list[Any] | None = None
+    input: str | None = None
+    summary: list[Any] | None = None
+
+
+class ResponsesTool(Permissive):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ResponsesRequest(Permissive):
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[ResponsesTool] | None = None
+    stream: bool = False
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    previous_response_id: str | None = None
+
+
+def _summary_text(parts: list[Any] | None) -> str:
+    return "".join(p.get("text", "") for p in parts or () if isinstance(p, dict))
+
+
+class ResponsesAdapter(ApiAdapter):
+    style: ClassVar[ApiStyle] = ApiStyle.OPENAI_RESPONSES
+    request_model = ResponsesRequest
+    tool_call_id_prefix = "call_"
+    response_id_prefix = "resp_"
+
+    def requested_max_tokens(self, request: ResponsesRequest) -> int | None:
+        return request.max_output_tokens
+
+    def to_conversation(self, request: ResponsesRequest) -> Conversation:
+        if request.previous_response_id:
+            raise ProxyError(
+                "invalid_request",
+                "previous_response_id is not supported by this proxy (it stores no responses); send the whole "
+                "conversation in `input` with store: false",
+                "previous_response_id",
+            )
+        messages: list[Message] = []
+        if request.instructions:
+            messages.append(Message("system", request.instructions))
+        if isinstance(request.input, str):
+            messages.append(Message("user", request.input))
+        else:
+            for i, item in enumerate(request.input):
+                messages.extend(self._item(item, f"input.{i}"))
+        tools = []
+        for tool in request.tools or ():
+            if tool.type == "function" and tool.name:
+                tools.append(ToolSpec(tool.name, tool.description or "", tool.parameters or {"type": "object", "properties": {}}))
+            elif tool.type == "custom" and tool.name:
+                schema = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+                tools.append(ToolSpec(tool.name, tool.description or "", schema))
+        return Conversation(merge_consecutive_assistants(messages), tools)
+
+    @staticmethod
+    def _item(item: InputItem, param: str) -> list[Message]:
+        kind = item.type or ("message" if item.role else None)
+        if kind == "message":
+            role = item.role
+            text = content_text(item.content, f"{param}.content")
+            if role in ("system", "developer"):
+                return [Message("system", text)]
+            if role in ("user", "assistant"):
+                return [Message(role, text)]
+            raise ProxyError("invalid_request", f"{param}.role must be user, assistant, system or developer", f"{param}.role")
+        if kind == "function_call":
+            if not item.name:
+                raise ProxyError("invalid_request", f"{param}.name is required for a function_call item", f"{param}.name")
+            return [Message("assistant", tool_calls=[ToolCall(item.name, parse_arguments(item.arguments), item.call_id)])]
+        if kind == "custom_tool_call":
+            return [Message("assistant", tool_calls=[ToolCall(item.name or "", {"input": item.input or ""}, item.call_id)])]
+        if kind in ("function_call_output", "custom_tool_call_output"):
+            return [Message("tool", content_text(item.output, f"{param}.output"), tool_call_id=item.call_id)]
+        if kind == "reasoning":
+            text = _summary_text(item.summary) or _summary_text(item.content if isinstance(item.content, list) else None)
+            return [Message("assistant", reasoning=text)] if text else []
+        raise ProxyError(
+            "invalid_request",
+            f"{param}.type {kind!r} is not supported; send message, function_call, function_call_output or reasoning items",
+            f"{param}.type",
+        )
+
+    # ---------------------------------------------------------------------------------- output
+    def _items(self, output: CallOutput) -> list[dict[str, Any]]:
+        """The output items, with ids fixed once per call so streaming and the final response agree."""
+        if "items" in output.extra:
+            return output.extra["items"]
+        items: list[dict[str, Any]] = []
+        if output.reasoning:
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": mint_id("rs_"),
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": output.reasoning}],
+                    "status": "completed",
+                }
+            )
+        if output.text or not output.tool_calls:
+            items.append(
+                {
+                    "type": "message",
+                    "id": mint_id("msg_"),
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": output.text, "annotations": [], "logprobs": []}],
+                }
+            )
+        for call in output.tool_calls:
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": mint_id("fc_"),
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": arguments_json(call.arguments),
+                    "status": "completed",
+                }
+            )
+        output.extra["items"] = items
+        return items
+
+    def _response(self, output: CallOutput, request: ResponsesRequest, items: list[dict[str, Any]], status: str) -> dict[str, Any]:
+        incomplete = status == "incomplete"
+        return {
+            "id": output.response_id,
+            "object": "response",
+            "created_at": output.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": request.instructions,
+            "model": output.model,
+            "output": items,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in request.tools or ()],
+            "temperature": None,
+            "top_p": None,
+            "max_output_tokens": request.max_output_tokens,
+            "store": False,
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "metadata": {},
+            "usage": None
+            if status == "in_progress"
+            else {
+                "input_tokens": output.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": output.prompt_tokens + output.completion_tokens,
+            },
+        }
+
+    @staticmethod
+    def _status(output: CallOutput) -> str:
+        return "incomplete" if output.finish == "length" else "completed"
+
+    def response(self, output: CallOutput, request: ResponsesRequest) -> dict[str, Any]:
+        return self._response(output, request, self._items(output), self._status(output))
+
+    def stream(self, output: CallOutput, request: ResponsesRequest) -> list[bytes]:
+        items = self._items(output)
+        events: list[bytes] = []
+
+        def emit(kind: str, **fields: Any) -> None:
+            body = {"type": kind, "sequence_number": len(events), **fields}
+            events.append(f"event: {kind}\n".encode() + b"data: " + orjson.dumps(body) + b"\n\n")
+
+        opening = self._response(output, request, [], "in_progress")
+        emit("response.created", response=opening)
+        emit("response.in_progress", response=opening)
+        for index, item in enumerate(items):
+            item_id = item["id"]
+            if item["type"] == "message":
+                emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+                empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                emit("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=empty)
+                text = item["content"][0]["text"]
+                for piece in chunks(text) if text else []:
+                    emit("response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=piece, logprobs=[])
+                emit("response.output_text.done", item_id=item_id, output_index=index, content_index=0, text=text, logprobs=[])
+                emit("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=item["content"][0])
+            elif item["type"] == "function_call":
+                emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "arguments": ""})
+                for piece in chunks(item["arguments"]):
+                    emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=piece)
+                emit(
+                    "response.function_call_arguments.done",
+                    item_id=item_id,
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            else:  # reasoning
+                emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+                text = item["content"][0]["text"]
+                for piece in chunks(text):
+                    emit("response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=piece)
+                emit("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text)
+            emit("response.output_item.done", output_index=index, item=item)
+        status = self._status(output)
+        emit(f"response.{status}", response=self._response(output, request, items, status))
+        return events
+

@@ -1,0 +1,90 @@
+"""Errors the proxy answers with, in each API's own error format.
+
+What the proxy returns on each failure is chosen on purpose (docs/proxy.md): the official SDKs and the
+harnesses retry 408/409/429 and every 5xx (Claude Code for ~180 s), so failures that retrying cannot fix
+(caps, a prompt over the context, a stalled or broken engine) are answered with a non-retryable 4xx and the
+harness surfaces the failure quickly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from clawgym_env.specs import ApiStyle
+
+ErrorKind = Literal[
+    "invalid_request",  # malformed body, unsupported feature
+    "authentication",  # wrong or missing key
+    "not_found",  # unknown rollout
+    "gone",  # a closed rollout
+    "call_cap",  # the rollout used its calls
+    "token_cap",  # the rollout used its tokens
+    "context_length",  # the prompt does not fit the policy's context
+    "engine_timeout",
+    "engine_error",
+]
+
+STATUS: dict[str, int] = {
+    "invalid_request": 400,
+    "authentication": 401,
+    "not_found": 404,
+    "gone": 410,
+    "call_cap": 400,
+    "token_cap": 400,
+    "context_length": 400,
+    "engine_timeout": 400,
+    "engine_error": 400,
+}
+
+_ANTHROPIC_TYPE = {
+    "authentication": "authentication_error",
+    "not_found": "not_found_error",
+    "gone": "not_found_error",
+}
+_OPENAI_CODE = {
+    "authentication": "invalid_api_key",
+    "not_found": "not_found",
+    "gone": "rollout_closed",
+    "call_cap": "rollout_call_limit",
+    "token_cap": "rollout_token_limit",
+    "context_length": "context_length_exceeded",
+    "engine_timeout": "engine_timeout",
+    "engine_error": "engine_error",
+}
+
+
+class ProxyError(Exception):
+    """A failure answered to the harness; `param` names the offending request field where there is one."""
+
+    def __init__(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.kind]
+
+    def body(self, style: ApiStyle) -> dict[str, Any]:
+        return error_body(style, self.kind, self.message, self.param)
+
+
+def error_body(style: ApiStyle, kind: ErrorKind, message: str, param: str | None = None) -> dict[str, Any]:
+    if style == ApiStyle.ANTHROPIC_MESSAGES:
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPE.get(kind, "invalid_request_error"), "message": message}}
+    error_type = "authentication_error" if kind == "authentication" else "invalid_request_error"
+    return {"error": {"message": message, "type": error_type, "param": param, "code": _OPENAI_CODE.get(kind, kind)}}
+
+
+def validation_message(exc: Any) -> tuple[str, str | None]:
+    """A pydantic ValidationError as one readable line plus the dotted path of the first bad field."""
+    errors = exc.errors(include_url=False)
+    parts = []
+    first_param: str | None = None
+    for err in errors[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        first_param = first_param or loc or None
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "invalid request: " + "; ".join(parts) + more, first_param

@@ -1,0 +1,306 @@
+"""ChatML renderer for Qwen-family models (Qwen2.5's chat template with Hermes-style tools).
+
+A conversation is rendered block by block: every block starts with `<|im_start|>` and ends with
+`<|im_end|>\\n`, so block boundaries fall on special tokens and tokenizing blocks one by one gives the same
+ids as tokenizing the whole prompt (checked once per template against the tokenizer's own chat template,
+`verify_against_template`). Blocks are cached, so a long system prompt or tool list is tokenized once.
+At an echoed assistant turn that matches an earlier generation, that generation's raw ids are spliced in
+instead of re-rendering it (see clawgym_env.proxy.splice).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
+from clawgym_env.proxy.renderers.base import ParsedOutput, RenderedPrompt, SpliceLookup
+from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
+from clawgym_env.records import PromptSegment, SegmentKind
+
+QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+TOOLS_HEADER = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+
+Piece = tuple[str, SegmentKind]
+_VERIFIED: set[tuple[str, int]] = set()
+
+
+class TemplateMismatch(RuntimeError):
+    """The block-by-block rendering differs from the tokenizer's chat template: this renderer does not fit."""
+
+
+def tojson(value: Any) -> str:
+    """The chat template's `tojson` filter as transformers defines it (ensure_ascii off, default separators)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+class ChatMLRenderer:
+    """Renders conversations for Qwen2.5-style ChatML templates and parses Qwen generations.
+
+    `tokenizer` is a transformers fast tokenizer whose chat template is Qwen2.5's (for example
+    `clawgym_env.engines.tokenizer.load_qwen_tokenizer()`); `verify=True` checks that once.
+    """
+
+    name = "qwen-chatml"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        default_system: str = QWEN_DEFAULT_SYSTEM,
+        verify: bool = True,
+        cache_blocks: int = 4096,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.default_system = default_system
+        self._backend = tokenizer.backend_tokenizer
+        self.im_end_id = self._token_id(IM_END)
+        self.end_of_turn_id = self.im_end_id  # a generation that ends with it closes its turn
+        self.end_of_text_id = self._backend.token_to_id(END_OF_TEXT)
+        self.stop_token_ids: tuple[int, ...] = tuple(
+            t for t in (self.im_end_id, self.end_of_text_id) if t is not None
+        )
+        self._cache: OrderedDict[tuple[Piece, ...], tuple[list[int], list[tuple[int, int, SegmentKind]]]] = (
+            OrderedDict()
+        )
+        self._cache_size = cache_blocks
+        self._lock = threading.Lock()
+        self.generation_prompt: tuple[Piece, ...] = ((f"{IM_START}assistant\n", "template"),)
+        self._after_stop = self._encode_pieces((("\n", "template"),))[0]
+        self._close_turn = self._encode_pieces(((f"{IM_END}\n", "template"),))[0]
+        if verify:
+            self.verify_against_template()
+
+    def _token_id(self, token: str) -> int:
+        tid = self._backend.token_to_id(token)
+        if tid is None:
+            raise ValueError(f"ChatMLRenderer needs the token {token!r}, which this tokenizer lacks")
+        return tid
+
+    # ------------------------------------------------------------------------------------ blocks
+    def _system_block(self, content: str, tools: list[ToolSpec]) -> tuple[Piece, ...]:
+        if not tools:
+            return ((f"{IM_START}system\n", "template"), (content, "system"), (f"{IM_END}\n", "template"))
+        tool_lines = "".join("\n" + tojson(t.as_template_tool()) for t in tools)
+        return (
+            (f"{IM_START}system\n", "template"),
+            (content, "system"),
+            (TOOLS_HEADER + tool_lines + TOOLS_FOOTER, "tools"),
+            (f"{IM_END}\n", "template"),
+        )
+
+    @staticmethod
+    def _tool_call_text(call: ToolCall) -> str:
+        return '\n<tool_call>\n{"name": "' + call.name + '", "arguments": ' + tojson(call.arguments) + "}\n</tool_call>"
+
+    def _message_block(self, message: Message) -> tuple[Piece, ...]:
+        role = message.role
+        if role in ("user", "system"):
+            return ((f"{IM_START}{role}\n", "template"), (message.content, role), (f"{IM_END}\n", "template"))
+        if role == "assistant" and not message.tool_calls:
+            return (
+                (f"{IM_START}assistant\n", "template"),
+                (message.content, "assistant_rendered"),
+                (f"{IM_END}\n", "template"),
+            )
+        if role == "assistant":
+            pieces: list[Piece] = [(f"{IM_START}assistant", "template")]
+            body = ("\n" + message.content if message.content else "") + "".join(
+                self._tool_call_text(c) for c in message.tool_calls
+            )
+            pieces.append((body, "assistant_rendered"))
+            pieces.append((f"{IM_END}\n", "template"))
+            return tuple(pieces)
+        raise ValueError(f"unexpected role {role!r} outside a tool run")
+
+    @staticmethod
+    def _tool_run_block(run: list[Message]) -> tuple[Piece, ...]:
+        pieces: list[Piece] = [(f"{IM_START}user", "template")]
+        for message in run:
+            pieces += [("\n<tool_response>\n", "template"), (message.content, "tool"), ("\n</tool_response>", "template")]
+        pieces.append((f"{IM_END}\n", "template"))
+        return tuple(pieces)
+
+    def _blocks(self, conversation: Conversation) -> list[tuple[Message | None, tuple[Piece, ...]]]:
+        """(message, pieces) per block; `message` is set for assistant blocks (splice candidates)."""
+        messages = conversation.messages
+        blocks: list[tuple[Message | None, tuple[Piece, ...]]] = []
+        start = 0
+        if messages and messages[0].role == "system":
+            blocks.append((None, self._system_block(messages[0].content, conversation.tools)))
+            start = 1
+        else:
+            blocks.append((None, self._system_block(self.default_system, conversation.tools)))
+        i = start
+        while i < len(messages):
+            message = messages[i]
+            if message.role == "tool":
+                j = i
+                while j < len(messages) and messages[j].role == "tool":
+                    j += 1
+                blocks.append((None, self._tool_run_block(messages[i:j])))
+                i = j
+                continue
+            blocks.append((message if message.role == "assistant" else None, self._message_block(message)))
+            i += 1
+        return blocks
+
+    # -------------------------------------------------------------------------------- tokenizing
+    def _encode_pieces(self, pieces: tuple[Piece, ...]) -> tuple[list[int], list[tuple[int, int, SegmentKind]]]:
+        """Token ids of one block and its kind runs [(start, end, kind)], cached by the block's pieces."""
+        with self._lock:
+            hit = self._cache.get(pieces)
+            if hit is not None:
+                self._cache.move_to_end(pieces)
+                return hit
+        text = "".join(p[0] for p in pieces)
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        ids = list(encoding.ids)
+        bounds: list[tuple[int, SegmentKind]] = []  # (end char, kind) per piece
+        pos = 0
+        for piece_text, kind in pieces:
+            pos += len(piece_text)
+            bounds.append((pos, kind))
+        runs: list[tuple[int, int, SegmentKind]] = []
+        b = 0
+        for t, (char_start, _) in enumerate(encoding.offsets):
+            while b < len(bounds) - 1 and char_start >= bounds[b][0]:
+                b += 1
+            kind = bounds[b][1]
+            if runs and runs[-1][2] == kind:
+                runs[-1] = (runs[-1][0], t + 1, kind)
+            else:
+                runs.append((t, t + 1, kind))
+        result = (ids, runs)
+        with self._lock:
+            self._cache[pieces] = result
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return result
+
+    # ------------------------------------------------------------------------------------ render
+    def render(self, conversation: Conversation, splice: SpliceLookup | None = None) -> RenderedPrompt:
+        ids: list[int] = []
+        segments: list[PromptSegment] = []
+        drift = spliced = 0
+
+        def add(block_ids: list[int], runs: list[tuple[int, int, SegmentKind]], source: int | None = None) -> None:
+            offset = len(ids)
+            ids.extend(block_ids)
+            for start, end, kind in runs:
+                src = source if kind == "assistant_spliced" else None
+                last = segments[-1] if segments else None
+                if last is not None and last.kind == kind and last.source_call == src and last.end == offset + start:
+                    last.end = offset + end
+                else:
+                    segments.append(PromptSegment(start=offset + start, end=offset + end, kind=kind, source_call=src))
+
+        for message, pieces in self._blocks(conversation):
+            if message is not None and splice is not None:
+                turn = splice(message, ids)
+                if turn is not None:
+                    spliced += 1
+                    header, header_runs = self._encode_pieces(self.generation_prompt)
+                    add(header, header_runs)
+                    add(turn.token_ids, [(0, len(turn.token_ids), "assistant_spliced")], source=turn.source_call)
+                    tail = self._after_stop if turn.ended_with_stop else self._close_turn
+                    add(tail, [(0, len(tail), "template")])
+                    continue
+                drift += 1
+            add(*self._encode_pieces(pieces))
+        add(*self._encode_pieces(self.generation_prompt))
+        return RenderedPrompt(prompt_ids=ids, segments=segments, drift_events=drift, spliced_turns=spliced)
+
+    def count_tokens(self, conversation: Conversation) -> int:
+        return len(self.render(conversation).prompt_ids)
+
+    # ------------------------------------------------------------------------------------- parse
+    def decode(self, ids: list[int]) -> str:
+        return self._backend.decode(ids, skip_special_tokens=False)
+
+    def parse(self, generated_ids: list[int], tool_names: set[str] | None = None) -> ParsedOutput:
+        ids = generated_ids
+        while ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        return parse_generation_text(self.decode(ids), tool_names)
+
+    # ------------------------------------------------------------------------------ verification
+    @staticmethod
+    def template_messages(conversation: Conversation) -> list[dict[str, Any]]:
+        """The conversation as the dicts a Hugging Face chat template takes."""
+        out: list[dict[str, Any]] = []
+        for m in conversation.messages:
+            d: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.tool_calls:
+                d["tool_calls"] = [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls
+                ]
+            out.append(d)
+        return out
+
+    def template_text(self, conversation: Conversation) -> str:
+        """What the tokenizer's own chat template renders for the whole conversation."""
+        tools = [t.as_template_tool() for t in conversation.tools] or None
+        return self.tokenizer.apply_chat_template(
+            self.template_messages(conversation), tools=tools, tokenize=False, add_generation_prompt=True
+        )
+
+    def check_conversation(self, conversation: Conversation) -> None:
+        """Raise TemplateMismatch unless block-wise ids equal the tokenized whole-template rendering."""
+        expected = self._backend.encode(self.template_text(conversation), add_special_tokens=False).ids
+        got = self.render(conversation).prompt_ids
+        if got != expected:
+            at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
+            raise TemplateMismatch(
+                f"{self.name}: block-wise rendering differs from the tokenizer's chat template at token {at} "
+                f"(got {self.decode(got[at : at + 12])!r}, template {self.decode(expected[at : at + 12])!r}); "
+                "this renderer only fits Qwen2.5-style ChatML templates: pass a matching renderer for this model"
+            )
+
+    def verify_against_template(self) -> None:
+        """Once per (tokenizer, template): the probe conversations must render identically both ways."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            raise TemplateMismatch(f"{self.name}: the tokenizer has no chat template to check against")
+        key = (str(getattr(self.tokenizer, "name_or_path", "")), hash(template))
+        if key in _VERIFIED:
+            return
+        for conversation in probe_conversations():
+            self.check_conversation(conversation)
+        _VERIFIED.add(key)
+
+
+def probe_conversations() -> list[Conversation]:
+    """Conversations that exercise every branch of the template (tools, tool runs, mid-conversation system)."""
+    tools = [
+        ToolSpec("write", "Write a file.", {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}),
+        ToolSpec("ls", "List files — non-ASCII ✓.", {"type": "object", "properties": {}}),
+    ]
+    turns = [
+        Message("user", "  Write hi.txt, then list.\n\n"),
+        Message("system", "Mid-conversation system note."),
+        Message("assistant", "Sure.", [ToolCall("write", {"path": "hi.txt", "content": "hi\n"}), ToolCall("ls", {})]),
+        Message("tool", "ok", tool_call_id="a"),
+        Message("tool", "\nhi.txt\n", tool_call_id="b"),
+        Message("assistant", "", [ToolCall("ls", {"deep": True, "n": 1.5})]),
+        Message("tool", "hi.txt"),
+        Message("assistant", "Done: hi.txt exists."),
+        Message("user", "Thanks! <tool_call> is literal here."),
+    ]
+    return [
+        Conversation([Message("system", "You are a careful agent."), *turns], tools),
+        Conversation(list(turns), tools),
+        Conversation([Message("system", "Plain system."), *turns], []),
+        Conversation([Message("user", "hello")], []),
+    ]

@@ -1,0 +1,500 @@
+"""The serving proxy: the model endpoint of every harness, recording every call token-in, token-out.
+
+A FastAPI app served by uvicorn inside the caller's asyncio loop, on a Unix socket (the local sandbox
+backend binds it into each sandbox behind a loopback relay) and/or on 127.0.0.1:<port>. Each rollout
+gets a private route `/rollouts/<id>` and a secret key. A call goes:
+
+    authorize -> parse (400 naming the bad field) -> caps -> render (splicing earlier generations)
+    -> context check -> engine (timeout, client disconnect) -> parse the generation -> record -> respond
+
+The whole generation is made first and then written out (JSON, or SSE in the API's event format); the
+call is appended to the run's CallLog before the response goes out, so a killed proxy loses no completed
+call. Failure responses are chosen on purpose (clawgym_env.proxy.errors, docs/proxy.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic.json_schema import models_json_schema
+
+from clawgym_env.interfaces import Generation, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute, SamplingParams
+from clawgym_env.proxy.apis import AnthropicAdapter, ApiAdapter, CallOutput, ChatAdapter, CountTokensAdapter, ResponsesAdapter
+from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
+from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
+from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
+from clawgym_env.proxy.errors import ProxyError, error_body
+from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
+from clawgym_env.records import CallLog, CallTimings, ModelCall
+from clawgym_env.specs import ApiStyle
+
+log = logging.getLogger("clawgym.proxy")
+
+ANTHROPIC, CHAT, RESPONSES = AnthropicAdapter(), ChatAdapter(), ResponsesAdapter()
+COUNT_TOKENS = CountTokensAdapter()
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+MAX_UNIX_SOCKET_PATH = 100
+
+
+class ClientDisconnected(Exception):
+    """The harness hung up while its call was being generated."""
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside someone else's event loop: it must not take over the process's signal handlers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(content=orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+class ServingProxy:
+    """Implements `interfaces.ServingProxy`.
+
+    run_dir: where the run's call log (`calls.jsonl`) goes. unix_socket: "auto" (a fresh private folder),
+    a path, or None. port: None (no TCP), 0 (any free port) or a port on `host` (loopback by default).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        unix_socket: str | Path | None = "auto",
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        public_url: str | None = None,
+        engine_timeout_s: float = 600.0,
+        fsync: bool = False,
+    ) -> None:
+        if unix_socket is None and port is None:
+            raise ValueError("ServingProxy needs somewhere to listen: a unix_socket path (or 'auto') and/or a port")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.run_dir / "calls.jsonl"
+        self._fsync = fsync
+        self._unix_socket_arg = unix_socket
+        self._port_arg = port
+        self.engine_timeout_s = engine_timeout_s
+        self.endpoint = ProxyEndpoint(host=host, port=port, public_url=public_url)
+        self._rollouts: dict[str, RolloutState] = {}
+        self._closed: dict[str, RolloutStats] = {}
+        self._log: CallLog | None = None
+        self._server: _EmbeddedServer | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self._socket_dir: Path | None = None
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------------------- lifecycle
+    @property
+    def origin(self) -> str:
+        """http://host:port of the TCP listener (for SDK clients on this machine)."""
+        if self.endpoint.port is None:
+            raise RuntimeError("this proxy has no TCP listener; start it with port=0 or a port number")
+        return f"http://{self.endpoint.host}:{self.endpoint.port}"
+
+    def base_url(self, route: RolloutRoute) -> str:
+        return route.base_url(self.origin)
+
+    def _open_log(self) -> CallLog:
+        if self._log is None:
+            self._log = CallLog(self.log_path, fsync=self._fsync)
+        return self._log
+
+    def _bind_sockets(self) -> list[socket.socket]:
+        sockets: list[socket.socket] = []
+        if self._unix_socket_arg is not None:
+            if self._unix_socket_arg == "auto":
+                self._socket_dir = Path(tempfile.mkdtemp(prefix="clawgym-proxy-"))
+                path = self._socket_dir / "proxy.sock"
+            else:
+                path = Path(self._unix_socket_arg)
+                path.parent.mkdir(parents=True, exist_ok=True)
+            if len(str(path)) > MAX_UNIX_SOCKET_PATH:
+                raise ValueError(
+                    f"unix socket path {path} is {len(str(path))} characters; the OS limit is about 107: use a shorter one"
+                )
+            path.unlink(missing_ok=True)
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            unix.bind(str(path))
+            unix.listen(1024)
+            sockets.append(unix)
+            self.endpoint.unix_socket = path
+        if self._port_arg is not None:
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind((self.endpoint.host, self._port_arg))
+            tcp.listen(1024)
+            sockets.append(tcp)
+            self.endpoint.port = tcp.getsockname()[1]
+        for sock in sockets:
+            sock.setblocking(False)
+        return sockets
+
+    async def start(self) -> None:
+        if self._serve_task is not None:
+            return
+        self._open_log()
+        sockets = self._bind_sockets()
+        config = uvicorn.Config(
+            self.app, lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=2, http="auto"
+        )
+        self._server = _EmbeddedServer(config)
+        self._serve_task = asyncio.create_task(self._server.serve(sockets=sockets), name="clawgym-proxy")
+        while not self._server.started:
+            if self._serve_task.done():
+                self._serve_task.result()  # raises the startup error
+                raise RuntimeError("the proxy's server stopped during startup")
+            await asyncio.sleep(0.005)
+        log.info("proxy listening: %s", self.endpoint.model_dump(exclude_none=True))
+
+    async def stop(self) -> None:
+        if self._server is not None and self._serve_task is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._serve_task), timeout=5)
+            except TimeoutError:
+                self._server.force_exit = True
+                self._serve_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._serve_task
+        self._server = self._serve_task = None
+        if self.endpoint.unix_socket is not None:
+            self.endpoint.unix_socket.unlink(missing_ok=True)
+        if self._socket_dir is not None:
+            with contextlib.suppress(OSError):
+                self._socket_dir.rmdir()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def __aenter__(self) -> ServingProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -------------------------------------------------------------------------------- rollouts
+    def open_rollout(self, rollout_id: str, policy: Policy, limits: RolloutLimits | None = None) -> RolloutRoute:
+        if not ROLLOUT_ID_RE.match(rollout_id):
+            raise ValueError(f"rollout id {rollout_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
+        if rollout_id in self._rollouts or rollout_id in self._closed:
+            raise ValueError(f"rollout {rollout_id!r} was already opened on this proxy; rollout ids must be unique")
+        if policy.renderer is None:
+            raise ValueError("policy.renderer is None: pass a renderer, e.g. ChatMLRenderer(load_qwen_tokenizer())")
+        route = RolloutRoute(
+            rollout_id=rollout_id, path_prefix=f"/rollouts/{rollout_id}", api_key="sk-clawgym-" + secrets.token_urlsafe(24)
+        )
+        self._rollouts[rollout_id] = RolloutState(
+            route=route, policy=policy, limits=limits or RolloutLimits(), stats=RolloutStats(rollout_id=rollout_id)
+        )
+        self._open_log()
+        return route
+
+    def close_rollout(self, rollout_id: str) -> list[ModelCall]:
+        """Close the route (later requests get 410) and return the rollout's calls in call order."""
+        state = self._rollouts.pop(rollout_id, None)
+        if state is None:
+            raise KeyError(f"rollout {rollout_id!r} is not open on this proxy")
+        state.closed = True
+        state.stats.closed = True
+        self._closed[rollout_id] = state.stats
+        return sorted(state.calls, key=lambda c: c.call_index)
+
+    def stats(self, rollout_id: str) -> RolloutStats:
+        state = self._rollouts.get(rollout_id)
+        if state is not None:
+            return state.stats.model_copy(deep=True)
+        if rollout_id in self._closed:
+            return self._closed[rollout_id].model_copy(deep=True)
+        raise KeyError(f"rollout {rollout_id!r} is unknown to this proxy")
+
+    def calls(self, rollout_id: str) -> list[ModelCall]:
+        """The calls recorded so far for an open rollout."""
+        return sorted(self._rollouts[rollout_id].calls, key=lambda c: c.call_index)
+
+    def _authorize(self, request: Request, rollout_id: str, style: ApiStyle) -> RolloutState:
+        state = self._rollouts.get(rollout_id)
+        if state is None:
+            if rollout_id in self._closed:
+                raise ProxyError("gone", f"rollout {rollout_id!r} is closed")
+            raise ProxyError("not_found", f"no rollout {rollout_id!r} on this proxy")
+        key = request.headers.get("x-api-key")
+        if key is None:
+            auth = request.headers.get("authorization", "")
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+        if key is None or not secrets.compare_digest(key.encode(), state.route.api_key.encode()):
+            raise ProxyError(
+                "authentication",
+                f"invalid API key for rollout {rollout_id!r}: send the rollout's key as x-api-key or Authorization: Bearer",
+            )
+        return state
+
+    # ----------------------------------------------------------------------------------- calls
+    def _record(self, state: RolloutState, call: ModelCall) -> None:
+        self._open_log().append(call)
+        state.calls.append(call)
+
+    async def _run_engine(self, request: Request, policy: Policy, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Generate, but give up on engine timeout or client disconnect, cancelling the engine's work."""
+        generation = asyncio.ensure_future(policy.engine.generate(prompt_ids, sampling))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+        try:
+            done, _ = await asyncio.wait(
+                (generation, watcher), timeout=self.engine_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:
+            generation.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if generation in done:
+            try:
+                return generation.result()
+            except Exception as exc:  # the engine failed: a non-retryable error (see errors.py)
+                log.exception("engine failed")
+                raise ProxyError("engine_error", f"clawgym: the inference engine failed: {type(exc).__name__}: {exc}") from exc
+        generation.cancel()  # frees the engine slot
+        if watcher in done:
+            raise ClientDisconnected()
+        raise ProxyError("engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s")
+
+    async def _generation_call(self, request: Request, rollout_id: str, adapter: ApiAdapter) -> Response:
+        received_at, t0 = time.time(), time.perf_counter()
+        try:
+            state = self._authorize(request, rollout_id, adapter.style)
+        except ProxyError as err:
+            return _json(err.body(adapter.style), err.status)
+        raw = await request.body()
+        index = state.take_index()
+        call = ModelCall(rollout_id=rollout_id, call_index=index, api_style=adapter.style, request={}, prompt_ids=[])
+        call.timings.received_at = received_at
+        try:
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise ProxyError("invalid_request", f"invalid request: the body is not valid JSON ({exc})") from None
+            call.request = body if isinstance(body, dict) else {"_body": body}
+            parsed_request = adapter.parse_request(body)
+            call.streamed = adapter.wants_stream(parsed_request)
+            return await self._generate(request, state, adapter, parsed_request, call, t0)
+        except ProxyError as err:
+            call.error = f"{err.kind}: {err.message}"
+            state.stats.count_error(err.kind)
+            self._finish_record(state, call, t0)
+            return _json(err.body(adapter.style), err.status)
+        except ClientDisconnected:
+            call.error = "client_disconnected: the harness closed the connection before the generation finished"
+            state.stats.disconnects += 1
+            state.stats.count_error("client_disconnected")
+            self._finish_record(state, call, t0)
+            return Response(status_code=499)
+        except Exception as exc:
+            log.exception("proxy failure in %s#%d", rollout_id, index)
+            call.error = f"internal: {type(exc).__name__}: {exc}"
+            state.stats.count_error("internal")
+            self._finish_record(state, call, t0)
+            return _json(error_body(adapter.style, "engine_error", f"clawgym proxy internal error: {exc}"), 500)
+
+    def _finish_record(self, state: RolloutState, call: ModelCall, t0: float) -> None:
+        call.timings.total_s = time.perf_counter() - t0
+        self._record(state, call)
+
+    async def _generate(
+        self, request: Request, state: RolloutState, adapter: ApiAdapter, parsed_request: Any, call: ModelCall, t0: float
+    ) -> Response:
+        limits, policy, stats = state.limits, state.policy, state.stats
+        renderer = policy.renderer
+        if call.call_index >= limits.max_calls:
+            raise ProxyError(
+                "call_cap",
+                f"clawgym: rollout {state.route.rollout_id} reached its cap of {limits.max_calls} model calls; "
+                "no more calls are answered for this rollout",
+            )
+        if stats.new_tokens >= limits.max_tokens:
+            raise ProxyError("token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget")
+        conversation = adapter.to_conversation(parsed_request)
+        rendered = renderer.render(conversation, splice=state.memory.find)
+        prompt_ids = rendered.prompt_ids
+        call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events
+        stats.drift_events += rendered.drift_events
+        stats.spliced_turns += rendered.spliced_turns
+        t_rendered = time.perf_counter()
+        call.timings.render_s = t_rendered - t0
+
+        room = policy.max_context - len(prompt_ids)
+        if room < 1:
+            raise ProxyError(
+                "context_length",
+                f"prompt is too long: {len(prompt_ids)} tokens > {policy.max_context - 1} maximum "
+                f"(the policy's context is {policy.max_context} tokens)",
+                "messages",
+            )
+        new_prompt = len(prompt_ids) - common_prefix_length(prompt_ids, state.last_full_ids)
+        budget = limits.max_tokens - stats.new_tokens - new_prompt
+        if budget < 1:
+            raise ProxyError(
+                "token_cap",
+                f"clawgym: rollout {state.route.rollout_id} would exceed its {limits.max_tokens}-token budget "
+                f"({stats.new_tokens} used, {new_prompt} new prompt tokens)",
+            )
+        requested = adapter.requested_max_tokens(parsed_request)
+        max_new = min(limits.max_new_tokens, room, budget, requested or limits.max_new_tokens)
+        sampling = SamplingParams(
+            max_tokens=max_new, temperature=limits.temperature, stop_token_ids=tuple(renderer.stop_token_ids)
+        )
+        generation = await self._run_engine(request, policy, prompt_ids, sampling)
+        t_generated = time.perf_counter()
+        call.timings.generate_s = t_generated - t_rendered
+
+        gen_ids = generation.token_ids
+        call.generated_ids, call.logprobs = gen_ids, generation.logprobs
+        call.finish_reason, call.policy_version = generation.finish_reason, generation.policy_version
+        parsed = renderer.parse(gen_ids, conversation.tool_names)
+        state.memory.remember(call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id)
+        state.last_full_ids = prompt_ids + gen_ids
+        stats.completed_calls += 1
+        stats.prompt_tokens += len(prompt_ids)
+        stats.generated_tokens += len(gen_ids)
+        stats.new_tokens += new_prompt + len(gen_ids)
+
+        finish = "tool_calls" if parsed.tool_calls else ("length" if generation.finish_reason == "length" else "stop")
+        output = adapter.finish_output(
+            CallOutput(
+                model=policy.name if not getattr(parsed_request, "model", None) else parsed_request.model,
+                created=int(call.timings.received_at),
+                text=parsed.text,
+                reasoning=parsed.reasoning,
+                tool_calls=parsed.tool_calls,
+                finish=finish,
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(gen_ids),
+            )
+        )
+        headers = {"x-request-id": output.response_id}
+        if call.streamed:
+            events = adapter.stream(output, parsed_request)
+            self._finish_record(state, call, t0)
+            return StreamingResponse(_one_chunk(b"".join(events)), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        body = adapter.response(output, parsed_request)
+        self._finish_record(state, call, t0)
+        return _json(body, headers=headers)
+
+    async def _count_tokens(self, request: Request, rollout_id: str) -> Response:
+        try:
+            state = self._authorize(request, rollout_id, ApiStyle.ANTHROPIC_MESSAGES)
+            try:
+                body = orjson.loads(await request.body())
+            except orjson.JSONDecodeError as exc:
+                raise ProxyError("invalid_request", f"invalid request: the body is not valid JSON ({exc})") from None
+            parsed = COUNT_TOKENS.parse_request(body)
+            count = state.policy.renderer.count_tokens(COUNT_TOKENS.to_conversation(parsed))
+        except ProxyError as err:
+            return _json(err.body(ApiStyle.ANTHROPIC_MESSAGES), err.status)
+        return _json({"input_tokens": count})
+
+    def _models(self, request: Request, rollout_id: str) -> Response:
+        try:
+            state = self._authorize(request, rollout_id, ApiStyle.OPENAI_CHAT)
+        except ProxyError as err:
+            return _json(err.body(ApiStyle.OPENAI_CHAT), err.status)
+        name = state.policy.name
+        entry = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "clawgym",
+            "type": "model",
+            "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        return _json({"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name})
+
+    # -------------------------------------------------------------------------------------- app
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(
+            title="ClawGym serving proxy",
+            description="Anthropic Messages, OpenAI Chat Completions and OpenAI Responses for one policy, per rollout.",
+            version="1",
+        )
+        prefix = "/rollouts/{rollout_id}"
+
+        def body_of(model_name: str) -> dict[str, Any]:
+            content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model_name}"}}}
+            return {"requestBody": {"required": True, "content": content}}
+
+        errors = {code: {"description": text} for code, text in ((400, "bad request"), (401, "wrong key"), (404, "unknown rollout"), (410, "closed rollout"))}
+
+        @app.post(prefix + "/v1/messages", openapi_extra=body_of("MessagesRequest"), responses=errors, tags=["anthropic"])
+        async def messages(request: Request, rollout_id: str) -> Response:
+            return await self._generation_call(request, rollout_id, ANTHROPIC)
+
+        @app.post(prefix + "/v1/messages/count_tokens", openapi_extra=body_of("CountTokensRequest"), responses=errors, tags=["anthropic"])
+        async def count_tokens(request: Request, rollout_id: str) -> Response:
+            return await self._count_tokens(request, rollout_id)
+
+        @app.post(prefix + "/v1/chat/completions", openapi_extra=body_of("ChatCompletionRequest"), responses=errors, tags=["openai"])
+        async def chat_completions(request: Request, rollout_id: str) -> Response:
+            return await self._generation_call(request, rollout_id, CHAT)
+
+        @app.post(prefix + "/v1/responses", openapi_extra=body_of("ResponsesRequest"), responses=errors, tags=["openai"])
+        async def responses(request: Request, rollout_id: str) -> Response:
+            return await self._generation_call(request, rollout_id, RESPONSES)
+
+        @app.get(prefix + "/v1/models", responses=errors)
+        async def models(request: Request, rollout_id: str) -> Response:
+            return self._models(request, rollout_id)
+
+        @app.head("/")
+        async def head_root() -> Response:
+            return Response(status_code=200)
+
+        @app.head(prefix)
+        async def head_rollout(rollout_id: str) -> Response:
+            return Response(status_code=200 if rollout_id in self._rollouts else 404)
+
+        @app.get("/health")
+        async def health() -> Response:
+            return _json({"status": "ok", "open_rollouts": len(self._rollouts)})
+
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                from fastapi.openapi.utils import get_openapi
+
+                schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+                models = [MessagesRequest, CountTokensRequest, ChatCompletionRequest, ResponsesRequest]
+                _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+                schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+                app.openapi_schema = schema
+            return app.openapi_schema
+
+        app.openapi = openapi  # type: ignore[method-assign]
+        return app
+
+
+async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data
