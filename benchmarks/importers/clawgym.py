@@ -1,0 +1,139 @@
+"""Importer for the ClawGym task-folder format.
+
+    <folder>/<task>/data_entry.json   {"task_id", "user_query", "input_mount_dir", "metadata"}
+    <folder>/<task>/input_files/      optional: copied into the workspace before the agent starts
+    <folder>/<task>/reward/reward.sh  copied to <workspace>/reward/ after the agent ends, run inside
+                                      the sandbox; its last stdout line is the reward (a float in [0, 1])
+
+`load_clawgym_folder(path)` loads every task folder under `path` (or `path` itself if it is one task),
+reporting each broken folder with its reason while the rest still load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from benchmarks.importers.common import BrokenTask, ImportedSuite, suite_name_for
+from clawgym_env.specs import DEFAULT_MOUNT_PATH, TaskSpec, WorkspaceSpec
+from verifiers.script import ScriptVerifier
+
+DATA_ENTRY = "data_entry.json"
+
+
+class ClawGymDataEntry(BaseModel):
+    """The fields of data_entry.json that ClawGym defines (extra fields are kept in metadata)."""
+
+    task_id: str = Field(min_length=1)
+    user_query: str = Field(min_length=1)
+    input_mount_dir: str = DEFAULT_MOUNT_PATH
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("task_id", "user_query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("input_mount_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute():
+            raise ValueError(f"must be an absolute path such as {DEFAULT_MOUNT_PATH}, got {value!r}")
+        return value
+
+
+def load_clawgym_task(folder: Path, *, default_split: str = "train", reward_timeout_s: float = 300.0) -> TaskSpec:
+    """One ClawGym task folder as a TaskSpec; ValueError says what is wrong with the folder."""
+    folder = Path(folder)
+    entry_path = folder / DATA_ENTRY
+    if not entry_path.is_file():
+        raise ValueError(f"no {DATA_ENTRY} in the folder")
+    try:
+        raw = json.loads(entry_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{DATA_ENTRY} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{DATA_ENTRY} must hold a JSON object, got {type(raw).__name__}")
+    try:
+        entry = ClawGymDataEntry.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{DATA_ENTRY} fields are wrong: {problems}") from None
+    reward_dir = folder / "reward"
+    if not (reward_dir / "reward.sh").is_file():
+        raise ValueError("reward/reward.sh is missing (it computes the reward after the agent ends)")
+    inputs = folder / "input_files"
+    if inputs.exists() and not inputs.is_dir():
+        raise ValueError("input_files exists but is not a folder")
+    metadata = dict(entry.metadata)
+    metadata.setdefault("split", default_split)
+    metadata.setdefault("source", str(folder))
+    metadata.setdefault("format", "clawgym")
+    extra = {k: v for k, v in raw.items() if k not in ClawGymDataEntry.model_fields}
+    if extra:
+        metadata.setdefault("data_entry_extra", extra)
+    verifier = ScriptVerifier(
+        ["bash", "reward/reward.sh"],
+        files_dir=reward_dir,
+        files_dest="reward",
+        timeout_s=float(metadata.get("reward_timeout_s", reward_timeout_s)),
+        name=f"reward.sh[{entry.task_id}]",
+    )
+    return TaskSpec(
+        id=entry.task_id,
+        instruction=entry.user_query,
+        workspace=WorkspaceSpec(directory=inputs) if inputs.is_dir() else WorkspaceSpec(),
+        verifier=verifier,
+        mount_path=entry.input_mount_dir,
+        timeout_s=float(metadata.get("timeout_s", 600.0)),
+        metadata=metadata,
+    )
+
+
+def load_clawgym_folder(
+    path: str | Path,
+    *,
+    name: str | None = None,
+    default_split: str = "train",
+    reward_timeout_s: float = 300.0,
+) -> ImportedSuite:
+    """Every ClawGym task under `path` as a suite; broken folders are listed in `suite.problems`."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder of ClawGym tasks")
+    folders = [root] if (root / DATA_ENTRY).exists() else sorted(
+        p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+    )
+    tasks: list[TaskSpec] = []
+    problems: list[BrokenTask] = []
+    seen: dict[str, Path] = {}
+    for folder in folders:
+        try:
+            task = load_clawgym_task(folder, default_split=default_split, reward_timeout_s=reward_timeout_s)
+        except (ValueError, ValidationError, OSError) as exc:
+            problems.append(BrokenTask(path=folder, reason=str(exc)))
+            continue
+        if task.id in seen:
+            problems.append(BrokenTask(path=folder, reason=f"task_id {task.id!r} already used by {seen[task.id]}"))
+            continue
+        seen[task.id] = folder
+        tasks.append(task)
+    if not tasks:
+        raise ValueError(
+            f"no loadable ClawGym task under {root}"
+            + ("".join(f"\n  {p}" for p in problems) if problems else " (no task folders with data_entry.json)")
+        )
+    splits = tuple(dict.fromkeys(["train", "test", *(t.metadata["split"] for t in tasks)]))
+    return ImportedSuite(
+        name=name or suite_name_for(root, "ClawGym"),
+        tasks=tasks,
+        splits=splits,
+        source=root,
+        problems=problems,
+        description=f"ClawGym tasks imported from {root}",
+    )
