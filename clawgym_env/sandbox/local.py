@@ -51,6 +51,7 @@ PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh tmpfs in every sandbox
 READY_TIMEOUT_S = 20.0
 OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers still holding its stdout
 DISK_CHECK_INTERVAL_S = 1.0
+DISK_HINTS = ("File too large", "File size limit exceeded", "No space left on device")
 MEMORY_HINTS = ("MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc", "heap out of memory")
 
 
@@ -471,6 +472,11 @@ class LocalSandbox:
         return code, bytes(out_buf), bytes(err_buf), duration, reason
 
     def _explain_failure(self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int) -> str | None:
+        text = stderr[-4000:].decode(errors="replace")
+        if message.get("signal") == signal.SIGXFSZ or message.get("code") == 128 + signal.SIGXFSZ or any(
+            hint in text for hint in DISK_HINTS
+        ):
+            return "disk"
         if self._cgroup is not None:
             if self._cgroup.oom_kills() > oom_before:
                 return "memory"
@@ -478,7 +484,6 @@ class LocalSandbox:
                 return "pids"
             return None
         # rlimit mode: the allocation failed inside the process, which usually says so on stderr
-        text = stderr[-4000:].decode(errors="replace")
         if any(hint in text for hint in MEMORY_HINTS):
             return "memory"
         return None

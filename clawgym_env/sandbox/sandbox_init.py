@@ -92,6 +92,8 @@ def spawn(request, fds):
     if pid == 0:
         try:
             os.setsid()
+            for number in (signal.SIGPIPE, signal.SIGXFSZ):  # python ignores these; commands expect defaults
+                signal.signal(number, signal.SIG_DFL)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             os.chdir(request["cwd"])
