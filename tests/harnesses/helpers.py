@@ -1,0 +1,89 @@
+"""Shared pieces of the harness tests: a task with a file to write, scripted completions, one rollout."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
+from clawgym_env.interfaces import Policy
+from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+from clawgym_env.rollout import RolloutResult, run_rollout
+from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
+
+ANSWER_FILE = "answer.txt"
+ANSWER = "42"
+
+_TOKENIZER: Any = None
+_RENDERER: Any = None
+
+
+def tokenizer() -> Any:
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = load_qwen_tokenizer()
+    return _TOKENIZER
+
+
+def renderer() -> ChatMLRenderer:
+    global _RENDERER
+    if _RENDERER is None:
+        _RENDERER = ChatMLRenderer(tokenizer())
+    return _RENDERER
+
+
+def answer_check(workspace: Path) -> float:
+    """1.0 when answer.txt holds exactly the answer."""
+    path = workspace / ANSWER_FILE
+    return 1.0 if path.is_file() and path.read_text().strip() == ANSWER else 0.0
+
+
+def write_task(task_id: str = "write-answer") -> TaskSpec:
+    return TaskSpec(
+        id=task_id,
+        instruction=f"Read notes.md and write the answer (just the number) into {ANSWER_FILE}.",
+        workspace={"notes.md": f"The answer is {ANSWER}.\n"},
+        verifier=answer_check,
+        timeout_s=120,
+    )
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A completion in Qwen's native tool-call format."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+# The write tool of each harness, with its own argument schema (HARNESSES.md).
+def write_call(harness: str, content: str, workspace: str = DEFAULT_MOUNT_PATH) -> str:
+    path = f"{workspace}/{ANSWER_FILE}"
+    if harness == "ClaudeCode":
+        return tool_call("Write", {"file_path": path, "content": content})
+    if harness in ("OpenClaw", "Pi", "WhiteBox"):
+        return tool_call("write", {"path": path if harness != "WhiteBox" else ANSWER_FILE, "content": content})
+    if harness == "Codex":
+        return tool_call("exec_command", {"cmd": f"printf '%s' '{content}' > {ANSWER_FILE}", "workdir": workspace})
+    raise ValueError(harness)
+
+
+def scripted_policy(completions: list[str]) -> Policy:
+    return Policy(engine=ScriptedTestEngine(tokenizer(), completions), renderer=renderer(), name="policy")
+
+
+async def one_rollout(adapter: Any, policy: Policy, task: TaskSpec | None = None, **options: Any) -> RolloutResult:
+    """One rollout through the real proxy and the local sandbox, composed by clawgym_env.rollout."""
+    from clawgym_env.sandbox import make_backend
+
+    run_dir = Path(tempfile.mkdtemp(prefix="clawgym-harness-test-"))
+    proxy = ServingProxy(run_dir=run_dir)
+    await proxy.start()
+    backend = make_backend("local", hidden_paths=[str(run_dir)])
+    try:
+        return await run_rollout(
+            task=task or write_task(), adapter=adapter, policy=policy, backend=backend, proxy=proxy,
+            options=EnvOptions(**options),
+        )  # fmt: skip
+    finally:
+        await backend.aclose()
+        await proxy.stop()
