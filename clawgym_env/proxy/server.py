@@ -50,7 +50,11 @@ MAX_UNIX_SOCKET_PATH = 100
 
 
 class ClientDisconnected(Exception):
-    """The harness hung up while its call was being generated."""
+    """The harness hung up while its call was being generated; carries the partial generation if any."""
+
+    def __init__(self, generation: Generation | None = None) -> None:
+        super().__init__("client disconnected")
+        self.generation = generation
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -259,9 +263,18 @@ class ServingProxy:
         self._open_log().append(call)
         state.calls.append(call)
 
-    async def _run_engine(self, request: Request, policy: Policy, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Generate, but give up on engine timeout or client disconnect, cancelling the engine's work."""
-        generation = asyncio.ensure_future(policy.engine.generate(prompt_ids, sampling))
+    async def _run_engine(
+        self, request: Request, policy: Policy, prompt_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> Generation:
+        """Generate, but stop on engine timeout or client disconnect and free the engine's slot.
+
+        Engines with `abort(request_id)` (TransformersEngine) hand back what they generated so far; it is
+        attached to the raised error so the call record keeps it. Other engines are cancelled.
+        """
+        engine = policy.engine
+        can_abort = callable(getattr(engine, "abort", None))
+        coro = engine.generate(prompt_ids, sampling, request_id=request_id) if can_abort else engine.generate(prompt_ids, sampling)
+        generation = asyncio.ensure_future(coro)
         watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
         try:
             done, _ = await asyncio.wait(
@@ -276,12 +289,30 @@ class ServingProxy:
             try:
                 return generation.result()
             except Exception as exc:  # the engine failed: a non-retryable error (see errors.py)
-                log.exception("engine failed")
-                raise ProxyError("engine_error", f"clawgym: the inference engine failed: {type(exc).__name__}: {exc}") from exc
-        generation.cancel()  # frees the engine slot
+                partial = getattr(exc, "generation", None)
+                log.warning("engine failed on %s: %s: %s", request_id, type(exc).__name__, exc)
+                kind = "engine_timeout" if isinstance(exc, TimeoutError) else "engine_error"
+                err = ProxyError(kind, f"clawgym: the inference engine failed: {type(exc).__name__}: {exc}")
+                err.generation = partial if isinstance(partial, Generation) else None  # type: ignore[attr-defined]
+                raise err from exc
+        partial = await self._stop_generation(engine, generation, request_id, can_abort)
         if watcher in done:
-            raise ClientDisconnected()
-        raise ProxyError("engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s")
+            raise ClientDisconnected(partial)
+        err = ProxyError("engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s")
+        err.generation = partial  # type: ignore[attr-defined]
+        raise err
+
+    @staticmethod
+    async def _stop_generation(
+        engine: Any, generation: asyncio.Future[Generation], request_id: str, can_abort: bool
+    ) -> Generation | None:
+        if can_abort and engine.abort(request_id):
+            try:
+                return await asyncio.wait_for(asyncio.shield(generation), timeout=5)
+            except Exception:
+                pass
+        generation.cancel()
+        return None
 
     async def _generation_call(self, request: Request, rollout_id: str, adapter: ApiAdapter) -> Response:
         received_at, t0 = time.time(), time.perf_counter()
@@ -304,11 +335,13 @@ class ServingProxy:
             return await self._generate(request, state, adapter, parsed_request, call, t0)
         except ProxyError as err:
             call.error = f"{err.kind}: {err.message}"
+            _attach_partial(call, getattr(err, "generation", None))
             state.stats.count_error(err.kind)
             self._finish_record(state, call, t0)
             return _json(err.body(adapter.style), err.status)
-        except ClientDisconnected:
+        except ClientDisconnected as gone:
             call.error = "client_disconnected: the harness closed the connection before the generation finished"
+            _attach_partial(call, gone.generation)
             state.stats.disconnects += 1
             state.stats.count_error("client_disconnected")
             self._finish_record(state, call, t0)
@@ -367,7 +400,8 @@ class ServingProxy:
         sampling = SamplingParams(
             max_tokens=max_new, temperature=limits.temperature, stop_token_ids=tuple(renderer.stop_token_ids)
         )
-        generation = await self._run_engine(request, policy, prompt_ids, sampling)
+        request_id = f"{state.route.rollout_id}#{call.call_index}"
+        generation = await self._run_engine(request, policy, prompt_ids, sampling, request_id)
         t_generated = time.perf_counter()
         call.timings.generate_s = t_generated - t_rendered
 
@@ -494,6 +528,13 @@ class ServingProxy:
 
         app.openapi = openapi  # type: ignore[method-assign]
         return app
+
+
+def _attach_partial(call: ModelCall, generation: Generation | None) -> None:
+    """Keep what the engine generated before a failure (finish "abort"), for inspection and accounting."""
+    if generation is not None:
+        call.generated_ids, call.logprobs = generation.token_ids, generation.logprobs
+        call.finish_reason, call.policy_version = "abort", generation.policy_version
 
 
 async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:

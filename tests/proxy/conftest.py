@@ -1,0 +1,53 @@
+"""Fixtures for the proxy tests: the real Qwen tokenizer, the ChatML renderer, a proxy on loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawgym_env.engines.scripted import ScriptedTestEngine
+from clawgym_env.engines.tokenizer import load_qwen_tokenizer
+from clawgym_env.interfaces import Policy
+from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+
+WRITE_SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"],
+}
+LS_SCHEMA = {"type": "object", "properties": {"dir": {"type": "string"}}}
+
+
+def tagged(name: str, arguments: dict, text: str = "") -> str:
+    """A completion in Qwen's native tool-call format, pretty-printed like the model writes it."""
+    import json
+
+    call = json.dumps({"name": name, "arguments": arguments}, indent=1)
+    return (text + "\n" if text else "") + f"<tool_call>\n{call}\n</tool_call>"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_qwen_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def renderer(tokenizer):
+    return ChatMLRenderer(tokenizer)
+
+
+@pytest.fixture
+def scripted_policy(tokenizer, renderer):
+    def make(completions, name: str = "policy", max_context: int = 32_768) -> Policy:
+        return Policy(engine=ScriptedTestEngine(tokenizer, completions), renderer=renderer, name=name, max_context=max_context)
+
+    return make
+
+
+@pytest.fixture
+async def proxy(tmp_path):
+    server = ServingProxy(tmp_path / "run", port=0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
