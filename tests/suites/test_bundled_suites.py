@@ -1,0 +1,118 @@
+"""Every bundled suite: deterministic, disjoint splits, reference solution scores 1.0, no work scores low."""
+
+import asyncio
+import hashlib
+import importlib
+from pathlib import Path
+
+import pytest
+from host_sandbox_double import HostDirSandboxTestDouble
+
+from benchmarks.suites import SUITE_LOADERS, apply_reference, write_workspace
+from clawgym_env.interfaces import HarnessResult, VerifyContext
+from clawgym_env.specs import TaskSuite, resolve_callable
+
+SUITES = sorted(SUITE_LOADERS)
+
+
+def loader(name):
+    return resolve_callable(SUITE_LOADERS[name])
+
+
+def fingerprint(task, with_id: bool = True) -> str:
+    """Everything that defines a task; without the id/metadata: what defines the instance itself."""
+    h = hashlib.sha256()
+    h.update(task.instruction.encode() + repr(sorted(task.metadata["reference"]["files"].items())).encode())
+    if with_id:
+        h.update(task.id.encode() + repr(sorted(task.metadata.items(), key=str)).encode())
+    if task.workspace.directory is not None:
+        for p in sorted(Path(task.workspace.directory).rglob("*")):
+            if p.is_file():
+                h.update(str(p.relative_to(task.workspace.directory)).encode() + p.read_bytes())
+    for k, v in sorted(task.workspace.files.items()):
+        h.update(k.encode() + (v.encode() if isinstance(v, str) else v))
+    return h.hexdigest()
+
+
+def content_key(task) -> str:
+    return task.metadata["instance_key"]
+
+
+async def score(task, ws: Path):
+    sandbox = HostDirSandboxTestDouble(ws, task.mount_path)
+    ctx = VerifyContext(sandbox=sandbox, task=task, harness_result=HarnessResult(harness="test"), workspace_dir=ws)
+    return await task.verifier.verify(ctx)
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_same_seed_same_tasks_and_splits_disjoint(name):
+    load = loader(name)
+    a, b = load("train", seed=3, count=9), load("train", seed=3, count=9)
+    assert [fingerprint(t) for t in a] == [fingerprint(t) for t in b]
+    assert len(a) == 9 and {t.metadata["level"] for t in a} == {0, 1, 2}
+    other_seed = load("train", seed=4, count=9)
+    assert [t.instruction for t in other_seed] != [t.instruction for t in a]
+    train, test = load("train", seed=0, count=24), load("test", seed=0, count=12)
+    assert {content_key(t) for t in train}.isdisjoint({content_key(t) for t in test})
+    assert {fingerprint(t, with_id=False) for t in train}.isdisjoint({fingerprint(t, with_id=False) for t in test})
+    assert len({t.id for t in train + test}) == 36
+    for t in train + test:
+        md = t.metadata
+        assert md["split"] in ("train", "test") and md["level"] in (0, 1, 2) and md["category"]
+        assert md["reference"]["files"] and all(len(c) < 4000 for c in md["reference"]["files"].values())
+    assert all(t.metadata["split"] == "test" for t in test)
+
+
+@pytest.mark.parametrize("name", SUITES)
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_reference_scores_one_and_no_work_scores_low(name, split, tmp_path):
+    tasks = loader(name)(split, seed=1, count=6)
+    for i, task in enumerate(tasks):
+        seeded = write_workspace(task, tmp_path / f"{i}_seeded")
+        idle = asyncio.run(score(task, seeded))
+        assert idle.error is None, (task.id, idle.error)
+        assert idle.reward < 0.5, (task.id, idle.explanation)
+        empty = tmp_path / f"{i}_empty"
+        empty.mkdir()
+        blank = asyncio.run(score(task, empty))
+        assert blank.error is None and blank.reward < 0.5, (task.id, blank.explanation)
+        solved = write_workspace(task, tmp_path / f"{i}_ref")
+        apply_reference(task, solved)
+        result = asyncio.run(score(task, solved))
+        assert result.error is None, (task.id, result.error)
+        assert result.reward == 1.0, (task.id, result.explanation)
+        assert result.subscores and result.explanation
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_levels_counts_and_bad_arguments(name):
+    load = loader(name)
+    assert {t.metadata["level"] for t in load("train", level=0, count=4)} == {0}
+    assert load("test", level=2, count=0) == []
+    with pytest.raises(ValueError, match="split"):
+        load("validation")
+    with pytest.raises(ValueError, match="level"):
+        load("train", level=7)
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_registered_as_lead_does(name):
+    suite = TaskSuite(name=name, loader=SUITE_LOADERS[name])
+    tasks = suite.load("test", count=3)
+    assert len(tasks) == 3 and all(t.metadata["split"] == "test" for t in tasks)
+
+
+def test_level0_is_one_small_file_and_a_short_instruction():
+    for name in SUITES:
+        for task in loader(name)("train", level=0, count=4):
+            files = task.workspace.files or {}
+            if task.workspace.directory is not None:
+                files = {p: 1 for p in Path(task.workspace.directory).rglob("*") if p.is_file()}
+            assert len(files) <= 1, (task.id, list(files))
+            assert len(task.instruction) < 400, task.id
+
+
+def test_suite_modules_expose_load():
+    for name in SUITES:
+        module = importlib.import_module(SUITE_LOADERS[name].split(":")[0])
+        assert callable(module.load)
