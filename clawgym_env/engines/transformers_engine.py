@@ -367,10 +367,10 @@ class TransformersEngine:
     def _done(self, req: _Request, reason: FinishReason, kv: KV | None) -> None:
         if kv is not None and req.cached_len > 0:
             self.prefix_cache.put(req.prompt + req.out_ids[:-1], kv)
-        self._finish(req, reason)
         with self._cv:
             self._active -= 1
             self._cv.notify_all()
+        self._finish(req, reason)
 
     def _prefill(self, req: _Request) -> KV | None:
         """Run the prompt (minus any cached prefix) and sample the first token; the row's KV if it goes on."""

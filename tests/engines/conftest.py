@@ -6,3 +6,18 @@ from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 @pytest.fixture(scope="session")
 def qwen_tok():
     return load_qwen_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(qwen_tok):
+    from clawgym_env.engines.models import load_policy_model
+
+    model, _ = load_policy_model("tiny-qwen3")
+    return model
+
+
+@pytest.fixture
+def chat_prompt(qwen_tok):
+    return qwen_tok.apply_chat_template(
+        [{"role": "user", "content": "List the files in the workspace."}], add_generation_prompt=True, return_dict=False
+    )
