@@ -205,7 +205,8 @@ DRIVERS = {"anthropic": drive_anthropic, "chat": drive_chat, "responses": drive_
 @pytest.mark.parametrize("api", ["anthropic", "chat", "responses"])
 async def test_multi_turn_tool_calls_round_trip_and_extend_prefix(proxy, scripted_policy, api, stream, rewrite):
     route = proxy.open_rollout(f"{api}-{stream}-{rewrite}", scripted_policy(list(SCRIPT)))
-    finals = await DRIVERS[api](client_for(api, proxy, route), stream, rewrite)
+    async with client_for(api, proxy, route) as client:
+        finals = await DRIVERS[api](client, stream, rewrite)
 
     assert [tool_names_of(api, f) for f in finals] == [["write"], ["ls"], []]
     calls = proxy.close_rollout(route.rollout_id)
@@ -230,6 +231,7 @@ async def test_openclaw_internal_context_moved_to_end_still_splices(proxy, scrip
     """OpenClaw (chat mode) keeps its internal-context user message last, after the new turns."""
     route = proxy.open_rollout("openclaw", scripted_policy([tagged("write", {"path": "a", "content": "b"}), "ok"]))
     client = client_for("chat", proxy, route)
+    await_close = client.close
     tools = [{"type": "function", "function": {"name": "write", "description": "w", "parameters": WRITE_SCHEMA}}]
     context = {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> sessions: none <<<END_OPENCLAW_INTERNAL_CONTEXT>>>"}
     base = [{"role": "system", "content": "sys"}, {"role": "user", "content": "[Sun] write a"}]
@@ -242,6 +244,7 @@ async def test_openclaw_internal_context_moved_to_end_still_splices(proxy, scrip
     }
     tool = {"role": "tool", "tool_call_id": rewrite_id(call.id), "content": "done"}
     await client.chat.completions.create(model="policy/policy", messages=[*base, echoed, tool, context], tools=tools)
+    await await_close()
     c0, c1 = proxy.close_rollout("openclaw")
     assert c1.drift_events == 0
     (spliced,) = c1.spliced_spans
@@ -259,6 +262,7 @@ async def test_altered_assistant_turn_is_a_drift_event(proxy, scripted_policy):
         {"role": "user", "content": "and?"},
     ]
     await client.messages.create(model="policy", max_tokens=64, messages=messages)
+    await client.close()
     _, second = proxy.close_rollout("drift")
     assert second.drift_events == 1
     assert [s.kind for s in second.segments].count("assistant_rendered") == 1
@@ -274,7 +278,8 @@ async def test_fenced_and_bare_json_tool_calls_are_parsed_and_spliced(proxy, scr
         "All done.",
     ]
     route = proxy.open_rollout("coder", scripted_policy(script))
-    finals = await drive_chat(client_for("chat", proxy, route), stream=True, rewrite=True)
+    async with client_for("chat", proxy, route) as client:
+        finals = await drive_chat(client, stream=True, rewrite=True)
     assert [f["finish_reason"] for f in finals] == ["tool_calls", "tool_calls", "stop"]
     assert [c["name"] for f in finals for c in f["tool_calls"]] == ["write", "ls"]
     calls = proxy.close_rollout("coder")
@@ -285,7 +290,8 @@ async def test_fenced_and_bare_json_tool_calls_are_parsed_and_spliced(proxy, scr
 async def test_thinking_becomes_thinking_blocks_and_is_spliced(proxy, scripted_policy):
     script = ["<think>\nI should list first.\n</think>\n\n" + tagged("ls", {"dir": "."}), "Nothing to do."]
     route = proxy.open_rollout("think", scripted_policy(script))
-    finals = await drive_anthropic(client_for("anthropic", proxy, route), stream=True, rewrite=True)
+    async with client_for("anthropic", proxy, route) as client:
+        finals = await drive_anthropic(client, stream=True, rewrite=True)
     assert finals[0].content[0].type == "thinking"
     assert finals[0].content[0].thinking == "I should list first."
     assert finals[0].stop_reason == "tool_use" and finals[1].stop_reason == "end_turn"

@@ -1,0 +1,185 @@
+"""The ChatML renderer against the tokenizer's own chat template, and the tool-call parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter, ResponsesAdapter
+from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec, canonical_arguments
+from clawgym_env.proxy.renderers import ChatMLRenderer, SplicedTurn, TemplateMismatch, parse_generation_text
+from clawgym_env.proxy.renderers.chatml import probe_conversations
+from clawgym_env.proxy.splice import GenerationMemory
+from tests.proxy.conftest import WRITE_SCHEMA
+
+CLAUDE_CODE_LIKE = {
+    "model": "policy",
+    "max_tokens": 64000,
+    "system": [
+        {"type": "text", "text": "You are a Claude agent."},
+        {"type": "text", "text": "Main prompt\n  with indentation.", "cache_control": {"type": "ephemeral"}},
+    ],
+    "tools": [{"name": "Write", "description": "Write a file ✓", "input_schema": WRITE_SCHEMA}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"}, {"type": "text", "text": "go"}]},
+        {"role": "system", "content": "Agent types: general."},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "plan", "signature": "fakesig=="},
+            {"type": "text", "text": "Writing."},
+            {"type": "tool_use", "id": "toolu_1", "name": "Write", "input": {"file_path": "/a", "content": "\n\nhi"}},
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "ok"}]},
+            {"type": "text", "text": "continue", "cache_control": {"type": "ephemeral"}},
+        ]},
+    ],
+}
+CHAT_LIKE = {
+    "model": "policy",
+    "messages": [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": [{"type": "text", "text": "do it"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "write", "arguments": '{"path":"p","content":"c"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "write", "arguments": '{"path":"q","content":"d"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok1"},
+        {"role": "tool", "tool_call_id": "c2", "content": "ok2"},
+        {"role": "developer", "content": "late note"},
+        {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "write", "parameters": WRITE_SCHEMA}}],
+}
+RESPONSES_LIKE = {
+    "model": "policy",
+    "instructions": None,
+    "input": [
+        {"role": "developer", "content": "dev 1"},
+        {"role": "developer", "content": "dev 2"},
+        {"role": "user", "content": [{"type": "input_text", "text": "go"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+        {"type": "function_call", "call_id": "k", "name": "write", "arguments": '{"path": "p", "content": "c"}'},
+        {"type": "function_call_output", "call_id": "k", "output": "written"},
+    ],
+    "tools": [{"type": "function", "name": "write", "parameters": WRITE_SCHEMA}],
+}
+
+
+@pytest.mark.parametrize("conversation", probe_conversations(), ids=["sys+tools", "tools", "sys", "bare"])
+def test_block_rendering_equals_the_tokenizers_chat_template(renderer, tokenizer, conversation):
+    """The per-template check: segments concatenate to exactly what the template renders, as ids."""
+    text = renderer.template_text(conversation)
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    rendered = renderer.render(conversation)
+    assert rendered.prompt_ids == expected
+    assert rendered.segments[0].start == 0 and rendered.segments[-1].end == len(expected)
+    assert all(a.end == b.start for a, b in zip(rendered.segments, rendered.segments[1:]))
+
+
+@pytest.mark.parametrize(
+    "adapter,body",
+    [(AnthropicAdapter(), CLAUDE_CODE_LIKE), (ChatAdapter(), CHAT_LIKE), (ResponsesAdapter(), RESPONSES_LIKE)],
+    ids=["anthropic", "chat", "responses"],
+)
+def test_real_request_shapes_render_like_the_template(renderer, adapter, body):
+    conversation = adapter.to_conversation(adapter.parse_request(body))
+    renderer.check_conversation(conversation)  # raises TemplateMismatch on any difference
+    roles = [m.role for m in conversation.messages]
+    assert roles.count("assistant") == 1 and "tool" in roles
+    kinds = {s.kind for s in renderer.render(conversation).segments}
+    assert {"system", "tools", "user", "tool", "assistant_rendered", "template"} <= kinds
+
+
+def test_segment_kinds_cover_the_right_text(renderer):
+    conversation = ChatAdapter().to_conversation(ChatAdapter().parse_request(CHAT_LIKE))
+    rendered = renderer.render(conversation)
+    text_of = {k: "" for k in ("system", "tools", "tool", "user")}
+    for s in rendered.segments:
+        if s.kind in text_of:
+            text_of[s.kind] += renderer.decode(rendered.prompt_ids[s.start : s.end])
+    assert text_of["system"] == "syslate note"
+    assert '"name": "write"' in text_of["tools"]
+    assert text_of["tool"] == "ok1ok2"
+    assert "do it" in text_of["user"] and "INTERNAL_CONTEXT" in text_of["user"]
+
+
+def test_splice_replaces_the_echoed_turn_with_the_recorded_ids(renderer, tokenizer):
+    user = Conversation([Message("user", "hi")], [ToolSpec("write", "", WRITE_SCHEMA)])
+    first = renderer.render(user)
+    # ids a re-tokenizer would never produce ("wr" + "ite" split), decoding to the same call
+    raw_text = '<tool_call>\n{"name": "write", "arguments": {"content": "x", "path": "y"}}\n</tool_call>'
+    cut = raw_text.index("write") + 2
+    generated = tokenizer.encode(raw_text[:cut], add_special_tokens=False) + tokenizer.encode(raw_text[cut:], add_special_tokens=False)
+    assert generated != tokenizer.encode(raw_text, add_special_tokens=False)
+    generated.append(renderer.im_end_id)
+    parsed = renderer.parse(generated, {"write"})
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("write", {"content": "x", "path": "y"})]
+    memory = GenerationMemory()
+    memory.remember(0, first.prompt_ids, generated, parsed, renderer.end_of_turn_id)
+    echoed = Message("assistant", "", [ToolCall("write", '{"path":"y","content":"x"}', id="rewritten")])
+    second = renderer.render(Conversation([Message("user", "hi"), echoed, Message("tool", "ok")], user.tools), memory.find)
+    assert second.prompt_ids[: len(first.prompt_ids) + len(generated)] == first.prompt_ids + generated
+    assert second.drift_events == 0 and second.spliced_turns == 1
+
+
+def test_memory_prefers_the_generation_whose_prompt_matches(renderer):
+    memory = GenerationMemory()
+    parsed = parse_generation_text("ls")
+    memory.remember(0, [1, 2, 3], [10, 11], parsed, 11)
+    memory.remember(1, [9, 9], [20, 11], parsed, 11)
+    assert memory.find(Message("assistant", "ls"), [1, 2, 3]) == SplicedTurn([10, 11], 0, True)
+    assert memory.find(Message("assistant", "ls"), [5]).source_call == 1  # no exact prompt: the latest
+
+
+@pytest.mark.parametrize(
+    "text,fmt,calls,rest",
+    [
+        ('Sure.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>', "tagged", [("a", {"x": 1})], "Sure."),
+        ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>', "tagged", [("a", {"x": 1}), ("b", {})], ""),
+        ('```json\n{"name": "a", "arguments": {"x": 1}}\n```', "fenced_json", [("a", {"x": 1})], ""),
+        ('I will call it.\n```json\n[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]\n```', "fenced_json", [("a", {}), ("b", {})], "I will call it."),
+        ('{"name": "a", "arguments": {"x": [1, 2]}}', "bare_json", [("a", {"x": [1, 2]})], ""),
+        ('{"name": "a", "parameters": {"x": 1}}\n{"name": "b", "arguments": {}}', "bare_json", [("a", {"x": 1}), ("b", {})], ""),
+    ],
+)
+def test_tool_call_formats(text, fmt, calls, rest):
+    parsed = parse_generation_text(text, {"a", "b"})
+    assert parsed.tool_call_format == fmt
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == calls
+    assert parsed.text == rest
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"name": "unknown_tool", "arguments": {}}', '{"answer": 42}', "```json\n{\"name\": \"a\"\n```", "Just text {not json}"],
+)
+def test_json_that_is_not_a_call_stays_text(text):
+    parsed = parse_generation_text(text, {"a"})
+    assert parsed.tool_calls == [] and parsed.text == text.strip()
+
+
+def test_reasoning_is_split_off():
+    parsed = parse_generation_text("<think>\nstep 1\n</think>\n\nAnswer.")
+    assert (parsed.reasoning, parsed.text) == ("step 1", "Answer.")
+    truncated = parse_generation_text("<think>still thinking")
+    assert (truncated.reasoning, truncated.text) == ("still thinking", "")
+
+
+def test_canonical_arguments_ignore_order_spacing_and_integral_floats():
+    assert canonical_arguments({"b": 1.0, "a": [2.0, "x"]}) == canonical_arguments('{ "a": [2, "x"], "b": 1 }')
+    assert canonical_arguments("not json ") == "not json"
+
+
+def test_a_template_that_does_not_fit_is_refused(tokenizer):
+    class OtherTemplate:
+        chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        name_or_path = "other"
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+        def apply_chat_template(self, messages, **kw):
+            from jinja2 import Template
+
+            return Template(self.chat_template).render(messages=messages)
+
+    with pytest.raises(TemplateMismatch, match="differs from the tokenizer's chat template"):
+        ChatMLRenderer(OtherTemplate())
