@@ -1,0 +1,106 @@
+"""The packed-tree loss equals the branch-wise loss with shared tokens counted once (values and gradients)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clawgym_env.trajectory.packing import packed_logprobs_and_entropy
+from trainers.correction import CorrectionConfig, rollout_correction
+from trainers.grpo import GRPOConfig, grpo_loss, grpo_micro_batches
+from trainers.losses import policy_loss
+from trainers.rollouts import RolloutBatch
+from trainers.synthetic import synthetic_forest
+from trainers.tree_forward import branch_logprobs, tree_logprobs
+
+from .conftest import VOCAB, small_qwen3
+
+CONFIG = GRPOConfig(entropy_coef=0.01, correction=CorrectionConfig(mode="truncate", cap=1.5))
+
+
+def rollouts() -> RolloutBatch:
+    forests = [synthetic_forest(s, vocab=VOCAB, rollout_id=f"r{s}", task_id="t", reward=r) for s, r in zip(range(4), [1.0, 0.0, 0.5, 0.2])]
+    assert all(f.num_branches >= 2 for f in forests[:2])
+    return RolloutBatch.from_forests(forests)
+
+
+def branchwise_loss(model, batch: RolloutBatch, config: GRPOConfig) -> torch.Tensor:
+    """Reference: every branch on its own, each unique token weighted 1/(branches through it)."""
+    (mb,), _ = grpo_micro_batches(batch, config, token_budget=1 << 30)
+    per_branch = branch_logprobs(model, mb)
+    total_tokens = mb.num_loss_tokens
+    multiplicity = torch.zeros(mb.num_tokens)
+    for nodes in mb.branches():
+        multiplicity[torch.as_tensor(nodes)] += 1
+    loss = torch.zeros(())
+    for nodes, logp_b in zip(mb.branches(), per_branch):
+        nodes_t = torch.as_tensor(nodes[1:])
+        mask = mb.loss_mask[nodes_t]
+        ids = mb.input_ids[torch.as_tensor(nodes)]
+        logits = model(input_ids=ids[None]).logits[0, :-1].float()
+        lp_all = torch.log_softmax(logits, -1)
+        entropy = -(lp_all.exp() * lp_all).sum(-1)
+        corr = rollout_correction(logp_b.detach(), mb.rollout_logprobs[nodes_t], mask, config.correction)
+        parts = policy_loss(
+            logp_b, logp_b.detach(), mb.advantages[nodes_t], mask, corr.weights / multiplicity[nodes_t],
+            total_tokens, eps_low=config.eps_low, eps_high=config.eps_high,
+        )  # fmt: skip
+        ent_term = -(config.entropy_coef * entropy * mask.float() / multiplicity[nodes_t]).sum() / total_tokens
+        loss = loss + parts.loss + ent_term
+    return loss
+
+
+def grads(model) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_loss_and_gradients_equal_branchwise(impl: str) -> None:
+    batch = rollouts()
+    model = small_qwen3(0, impl)
+    packed, metrics = grpo_loss(model, batch.forests, batch.rewards, config=CONFIG)
+    packed.backward()
+    g_packed = grads(model)
+    model.zero_grad()
+    reference = branchwise_loss(model, batch, CONFIG)
+    reference.backward()
+    g_ref = grads(model)
+    assert metrics["tokens"] > 0 and abs(packed.item()) > 1e-4
+    assert torch.allclose(packed, reference, atol=1e-5, rtol=1e-4), (packed.item(), reference.item())
+    for a, b in zip(g_packed, g_ref):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_gradient() -> None:
+    batch = rollouts()
+    model = small_qwen3(0)
+    whole, _ = grpo_loss(model, batch.forests, batch.rewards, config=CONFIG)
+    whole.backward()
+    g_whole = grads(model)
+    model.zero_grad()
+    sizes = sorted(f.num_tokens for f in batch.forests)
+    split, metrics = grpo_loss(model, batch.forests, batch.rewards, config=CONFIG, token_budget=sizes[-1])
+    split.backward()
+    assert torch.allclose(whole, split, atol=1e-6)
+    for a, b in zip(g_whole, grads(model)):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_tree_logprobs_match_the_trajectory_package() -> None:
+    batch = rollouts()
+    model = small_qwen3(0)
+    (mb,), _ = grpo_micro_batches(batch, GRPOConfig(), token_budget=1 << 30)
+    ours = tree_logprobs(model, mb)
+    theirs, entropy = packed_logprobs_and_entropy(model, mb.packed)
+    m = mb.loss_mask
+    assert torch.allclose(ours.logprobs[m], theirs[m], atol=1e-5)
+    assert torch.allclose(ours.entropy[m], entropy[m], atol=1e-5)
+    assert torch.all(ours.logprobs[~m] == 0)
+
+
+def test_shared_tokens_are_fewer_than_branch_tokens() -> None:
+    batch = rollouts()
+    (mb,), _ = grpo_micro_batches(batch, GRPOConfig(), token_budget=1 << 30)
+    assert mb.num_tokens < mb.branch_tokens
+    assert np.unique(np.concatenate(mb.branches())).size == mb.num_tokens

@@ -1,0 +1,90 @@
+"""PPO's per-branch GAE: computed along each branch alone, shared tokens combined by the mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainers.advantages import branch_gae, tree_gae
+from trainers.ppo import PPOConfig, ppo_micro_batches
+from trainers.rollouts import RolloutBatch
+from trainers.synthetic import forest_from_paths
+from trainers.tree_forward import Critic
+
+from .conftest import small_qwen3
+
+
+def tree():
+    # shared: c0 g1 g2 | branch A: c3 g4 g5 | branch B: c6 g7
+    f = forest_from_paths(
+        [
+            [(10, False), (11, True), (12, True), (13, False), (14, True), (15, True)],
+            [(10, False), (11, True), (12, True), (16, False), (17, True)],
+        ]
+    )
+    return f
+
+
+def test_branch_gae_matches_hand_computation() -> None:
+    values = np.array([0.0, 0.1, 0.2, 0.0, 0.4, 0.5])
+    actions = np.array([1, 2, 4, 5])
+    adv, ret = branch_gae(values, actions, reward=1.0, gamma=0.9, lam=0.5)
+    v = values[actions]
+    delta = np.array([0.9 * v[1] - v[0], 0.9 * v[2] - v[1], 0.9 * v[3] - v[2], 1.0 - v[3]])
+    expected = np.zeros(4)
+    running = 0.0
+    for t in range(3, -1, -1):
+        running = delta[t] + 0.9 * 0.5 * running
+        expected[t] = running
+    assert np.allclose(adv, expected) and np.allclose(ret, expected + v)
+
+
+def test_no_sibling_leakage_and_shared_tokens_are_the_branch_mean() -> None:
+    f = tree()
+    branches = f.branches()
+    gen = f.generated
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=f.num_tokens)
+    adv, ret, count = tree_gae(values, gen, branches, [1.0, 0.0], gamma=1.0, lam=0.9)
+    a_only, _ = branch_gae(values, branches[0][gen[branches[0]]], 1.0, gamma=1.0, lam=0.9)
+    b_only, _ = branch_gae(values, branches[1][gen[branches[1]]], 0.0, gamma=1.0, lam=0.9)
+    a_nodes = branches[0][gen[branches[0]]]
+    b_nodes = branches[1][gen[branches[1]]]
+    shared = np.intersect1d(a_nodes, b_nodes)
+    own_a = np.setdiff1d(a_nodes, shared)
+    own_b = np.setdiff1d(b_nodes, shared)
+    # exclusive tokens: exactly their own branch's GAE
+    assert np.allclose(adv[own_a], a_only[np.isin(a_nodes, own_a)])
+    assert np.allclose(adv[own_b], b_only[np.isin(b_nodes, own_b)])
+    # shared tokens: the mean over the two branches, counted on 2 branches
+    assert np.all(count[shared] == 2) and np.all(count[own_a] == 1)
+    assert np.allclose(adv[shared], (a_only[np.isin(a_nodes, shared)] + b_only[np.isin(b_nodes, shared)]) / 2)
+    # context tokens carry nothing
+    assert np.all(adv[~gen] == 0) and np.all(count[~gen] == 0)
+
+    # changing everything on branch B (its reward and its own values) leaves branch A's own tokens alone
+    values2 = values.copy()
+    values2[np.setdiff1d(branches[1], branches[0])] += 5.0
+    adv2, _, _ = tree_gae(values2, gen, branches, [1.0, -3.0], gamma=1.0, lam=0.9)
+    assert np.allclose(adv2[own_a], adv[own_a])
+    assert not np.allclose(adv2[own_b], adv[own_b])
+
+
+def test_ppo_micro_batches_on_a_real_critic() -> None:
+    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=0.0)]
+    forests[0].reward = 1.0
+    forests.append(forest_from_paths([[(10, False), (22, True)]], rollout_id="r2", reward=float("nan")))
+    critic = Critic(small_qwen3(1))
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
+    batch = RolloutBatch.from_forests(forests)
+    mbs, metrics = ppo_micro_batches(batch, critic, PPOConfig(normalize_advantages=False), token_budget=1000)
+    assert metrics["rollouts_nan_reward"] == 1 and metrics["rollouts_trained"] == 2
+    (mb,) = mbs
+    values = mb.old_values.numpy()
+    adv, _, _ = tree_gae(values, mb.loss_mask.numpy(), mb.branches(), [1.0, 1.0, 0.0], gamma=1.0, lam=0.95)
+    assert np.allclose(mb.advantages.numpy(), adv, atol=1e-6)
+    # each branch's last action: A = R - V
+    for nodes, reward in zip(mb.branches(), [1.0, 1.0, 0.0]):
+        last = nodes[mb.loss_mask.numpy()[nodes]][-1]
+        if (sum(last in b for b in mb.branches())) == 1:
+            assert np.isclose(mb.advantages[last].item(), reward - values[last], atol=1e-6)

@@ -1,0 +1,107 @@
+"""The policy model the trainer updates: a transformers causal LM, optionally with LoRA adapters (peft).
+
+`export_weights` gives the inference engine plain, merged weights under the model's own parameter
+names, whatever wraps the trainer's copy (LoRA adapters are folded in, FSDP shards are gathered).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapters (peft); `enabled: false` trains every weight."""
+
+    enabled: bool = False
+    r: int = Field(default=8, ge=1)
+    alpha: int = Field(default=16, ge=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def load_model(name: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[nn.Module, Any]:
+    """(model, tokenizer) for a zoo name ("tiny-qwen3", "smollm2-135m", "qwen2.5-coder-0.5b") or a local path."""
+    from clawgym_env.engines.models import load_policy_model
+
+    model, tokenizer = load_policy_model(name, dtype=dtype, seed=seed)
+    model.train()
+    return model, tokenizer
+
+
+def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
+    if not settings.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A reference policy for the KL penalty: the current weights, no gradients."""
+    ref = copy.deepcopy(_plain(model))
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _plain(model: nn.Module) -> nn.Module:
+    """The model without LoRA wrappers, with the adapters merged into a copy (for references)."""
+    if hasattr(model, "get_base_model"):
+        merged = copy.deepcopy(model).merge_and_unload()
+        return merged
+    return model
+
+
+def export_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full weights under the plain model's parameter names (what `engine.update_weights` takes).
+
+    Collective under FSDP: every rank must call it; every rank gets the full tensors on CPU.
+    """
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        names = {name for name, _ in model.named_parameters()}
+        return {k: v for k, v in full.items() if k in names}
+    if hasattr(model, "get_base_model"):
+        return _merged_lora_weights(model)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _merged_lora_weights(peft_model: nn.Module) -> dict[str, torch.Tensor]:
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    out: dict[str, torch.Tensor] = {}
+    for name, p in base.named_parameters():
+        if "lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = p.detach().clone()
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        out[f"{name}.weight"] = out[f"{name}.weight"] + module.get_delta_weight(adapter)
+    return out
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - old torch
+        return False
+    return isinstance(model, FSDPModule)
