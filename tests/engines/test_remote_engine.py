@@ -1,0 +1,93 @@
+"""RemoteEngine over real HTTP against the token server (a stand-in for vLLM's and SGLang's APIs)."""
+
+import asyncio
+import socket
+
+import pytest
+import uvicorn
+
+from clawgym_env.engines.remote_engine import RemoteEngine, RemoteEngineError
+from clawgym_env.engines.token_server import make_token_server
+from clawgym_env.engines.transformers_engine import TransformersEngine
+from clawgym_env.interfaces import InferenceEngine, SamplingParams
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def serve(app, port: int) -> tuple[uvicorn.Server, asyncio.Task]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    return server, task
+
+
+@pytest.fixture
+async def token_server(tiny_model, qwen_tok):
+    engine = TransformersEngine(tiny_model, qwen_tok)
+    port = free_port()
+    server, task = await serve(make_token_server(engine, "tiny-qwen3", qwen_tok), port)
+    yield f"http://127.0.0.1:{port}", engine
+    server.should_exit = True
+    await task
+    engine.close()
+
+
+@pytest.mark.parametrize("api", ["vllm", "sglang"])
+async def test_round_trip_equals_the_engine_behind_it(token_server, api, chat_prompt):
+    url, local = token_server
+    remote = RemoteEngine(url, api=api)
+    assert isinstance(remote, InferenceEngine)
+    s = SamplingParams(max_tokens=12, seed=5, temperature=0.8, top_k=100)
+    got = await remote.generate(chat_prompt, s)
+    want = await local.generate(chat_prompt, s)
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 12
+    assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    assert got.finish_reason == "length"
+    if api == "vllm":
+        assert remote.model == "tiny-qwen3"  # discovered from /v1/models
+    await remote.aclose()
+
+
+async def test_stop_ids_and_concurrency_over_http(token_server, chat_prompt):
+    url, local = token_server
+    remote = RemoteEngine(url)
+    greedy = await remote.generate(chat_prompt, SamplingParams(max_tokens=6, temperature=0))
+    stop = greedy.token_ids[2]
+    stopped = await remote.generate(chat_prompt, SamplingParams(max_tokens=6, temperature=0, stop_token_ids=(stop,)))
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == stop
+    many = await asyncio.gather(*(remote.generate(chat_prompt, SamplingParams(max_tokens=4, seed=i)) for i in range(8)))
+    assert all(len(g.token_ids) == 4 for g in many)
+    await remote.aclose()
+
+
+async def test_retries_until_the_server_comes_up(tiny_model, qwen_tok, chat_prompt):
+    engine = TransformersEngine(tiny_model, qwen_tok)
+    port = free_port()
+    remote = RemoteEngine(f"http://127.0.0.1:{port}", model="m", retries=8)
+    pending = asyncio.create_task(remote.generate(chat_prompt, SamplingParams(max_tokens=3)))
+    await asyncio.sleep(0.5)  # the first attempts hit a closed port
+    assert not pending.done()
+    server, task = await serve(make_token_server(engine, "m"), port)
+    gen = await asyncio.wait_for(pending, timeout=30)
+    assert len(gen.token_ids) == 3
+    server.should_exit = True
+    await task
+    await remote.aclose()
+    engine.close()
+
+
+async def test_server_errors_are_reported_not_retried(token_server):
+    url, _ = token_server
+    remote = RemoteEngine(url, model="tiny-qwen3")
+    with pytest.raises(RemoteEngineError, match="400.*outside the model's vocabulary"):
+        await remote.generate([1, 10**8], SamplingParams(max_tokens=2))
+    with pytest.raises(NotImplementedError, match="set_policy_version"):
+        remote.update_weights({}, 1)
+    remote.set_policy_version(4)
+    assert (await remote.generate([1, 2, 3], SamplingParams(max_tokens=1))).policy_version == 4
+    await remote.aclose()
