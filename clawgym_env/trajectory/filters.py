@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from clawgym_env.trajectory.trie import PreparedCall, TreeBuilder
+from clawgym_env.trajectory.trie import RootKey, PreparedCall, TreeBuilder
 
 
 def is_failed_call(pc: PreparedCall) -> bool:
@@ -30,10 +30,10 @@ def is_failed_call(pc: PreparedCall) -> bool:
     return pc.call.error is not None or pc.generated_count == 0
 
 
-def choose_main_root(calls: Sequence[PreparedCall]) -> bytes | None:
+def choose_main_root(calls: Sequence[PreparedCall]) -> RootKey:
     """The root key whose calls generated the most tokens; ties go to the root of the earliest call."""
-    generated: dict[bytes | None, int] = defaultdict(int)
-    first_seen: dict[bytes | None, int] = {}
+    generated: dict[RootKey, int] = defaultdict(int)
+    first_seen: dict[RootKey, int] = {}
     for order, pc in enumerate(calls):
         generated[pc.root_key] += pc.generated_count
         first_seen.setdefault(pc.root_key, order)

@@ -198,23 +198,31 @@ def _pack(forests: Sequence[TrajectoryForest]) -> PackedBatch:
 
 
 def _gather_logprobs(logits: torch.Tensor, batch: PackedBatch, with_entropy: bool, chunk: int):
-    """Log-prob (and entropy) of each token from the logits at its parent's position."""
-    T = batch.num_tokens
+    """Log-prob (and entropy) of each token from the logits at its parent's position.
+
+    Row statistics (log-sum-exp, entropy) are computed once per position, in chunks of rows; then each
+    token picks one logit and one row statistic by flat index. Indexing whole logit rows by parent
+    instead would make the backward pass scatter-add T x V values, which is slow on CPU.
+    """
+    T, V = logits.shape
     device = logits.device
     ids = batch.input_ids[0].to(device)
-    src = batch.parent_index.to(device).clamp(min=0)
-    out_lp, out_ent = [], []
-    for start in range(0, T, chunk):
-        rows = logits[src[start : start + chunk]].float()
-        logp = torch.log_softmax(rows, dim=-1)
-        out_lp.append(logp.gather(-1, ids[start : start + chunk, None])[:, 0])
-        if with_entropy:
-            out_ent.append(-(logp.exp() * logp).sum(-1))
     has_parent = batch.parent_index.to(device) >= 0
-    lp = torch.where(has_parent, torch.cat(out_lp), torch.zeros((), device=device))
+    src = batch.parent_index.to(device).clamp(min=0)
+    lse_parts, ent_parts = [], []
+    for start in range(0, T, chunk):
+        rows = logits[start : start + chunk].float()
+        lse = torch.logsumexp(rows, dim=-1)
+        lse_parts.append(lse)
+        if with_entropy:
+            probs = torch.softmax(rows, dim=-1)
+            ent_parts.append(lse - (probs * rows).sum(-1))
+    picked = logits.reshape(-1)[src * V + ids].float()
+    zero = torch.zeros((), device=device)
+    lp = torch.where(has_parent, picked - torch.cat(lse_parts)[src], zero)
     if not with_entropy:
         return lp
-    return lp, torch.where(has_parent, torch.cat(out_ent), torch.zeros((), device=device))
+    return lp, torch.where(has_parent, torch.cat(ent_parts)[src], zero)
 
 
 def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, *, chunk: int = 4096) -> torch.Tensor:

@@ -18,7 +18,7 @@ from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory import filters
 from clawgym_env.trajectory.forest import ForestStats, TrajectoryForest
-from clawgym_env.trajectory.trie import _COLUMNS, PreparedCall, TreeBuilder
+from clawgym_env.trajectory.trie import RootKey, _COLUMNS, PreparedCall, TreeBuilder
 
 _ARRAY_FIELDS = ("tokens", "parents", "generated", "logprobs", "policy_versions", "call_index", "source", "depth")
 
@@ -126,7 +126,7 @@ def _insert_all(live: list[PreparedCall], options: ForestOptions, records: dict[
     """Route each call to the tree it extends (or open one) and insert it there, in call order."""
     main_key = filters.choose_main_root(live)
     trees: list[TreeBuilder] = []
-    by_root: dict[bytes | None, list[TreeBuilder]] = {}
+    by_root: dict[RootKey, list[TreeBuilder]] = {}
     for pc in live:
         group = by_root.setdefault(pc.root_key, [])
         if not group:
@@ -134,7 +134,7 @@ def _insert_all(live: list[PreparedCall], options: ForestOptions, records: dict[
             trees.append(group[0])
         best_tree, lcp, matched = group[0], -1, np.zeros(0, np.int64)
         for tree in group:
-            tree_lcp, tree_matched = tree.match(pc.seq)
+            tree_lcp, tree_matched = tree.match(pc.ids)
             if tree_lcp > lcp:
                 best_tree, lcp, matched = tree, tree_lcp, tree_matched
         if options.set_aside_compaction and filters.is_compaction_restart(pc, best_tree, options.compaction_ratio):

@@ -1,9 +1,10 @@
 """The token trie one tree of a rollout is built in: growing numpy columns plus one path per inserted call.
 
-Insertion finds the longest common prefix (LCP) of a call's token sequence with the tree by comparing it,
-vectorized, against the path of each current leaf: every node lies on some leaf's path, so the best of
-those LCPs is the LCP with the whole trie. Leaves are few (one per surviving branch), so this costs
-O(leaves x call length) numpy comparisons per call and no Python loop over tokens.
+Insertion finds the longest common prefix (LCP) of a call's token sequence with the tree by comparing it
+against the token list of each current leaf's path: every node lies on some leaf's path, so the best of
+those LCPs is the LCP with the whole trie. The comparison runs on whole list slices in C (no Python loop
+over tokens, and no conversion of the repeated history to numpy: only a call's new suffix is converted),
+so an append-only call costs one slice comparison with the previous leaf.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ class PreparedCall:
     """A ModelCall turned into the arrays insertion needs (done once per call)."""
 
     call: ModelCall
-    seq: np.ndarray  # prompt ids + generated ids
+    ids: list[int]  # prompt ids + generated ids
     prompt_len: int
     logprobs: np.ndarray  # float32, one per generated id
     prompt_source: np.ndarray  # int8 SOURCE_CODE per prompt position
-    root_key: bytes | None  # tokens of the leading system/tools/template segments (None: no segments)
+    root_key: RootKey  # identifies the leading system/tools/template segments (None: no segments)
 
     @property
     def index(self) -> int:
@@ -49,12 +50,12 @@ class PreparedCall:
 
     @property
     def generated_count(self) -> int:
-        return int(self.seq.shape[0] - self.prompt_len)
+        return len(self.ids) - self.prompt_len
 
     @classmethod
     def from_call(cls, call: ModelCall) -> PreparedCall:
         prompt_len = len(call.prompt_ids)
-        seq = np.array(call.prompt_ids + call.generated_ids, dtype=np.int64)
+        ids = call.prompt_ids + call.generated_ids
         source = np.full(prompt_len, UNKNOWN, np.int8)
         for seg in call.segments:
             if not 0 <= seg.start <= seg.end <= prompt_len:
@@ -65,18 +66,21 @@ class PreparedCall:
             source[seg.start : seg.end] = SOURCE_CODE[seg.kind]
         return cls(
             call=call,
-            seq=seq,
+            ids=ids,
             prompt_len=prompt_len,
             logprobs=np.asarray(call.logprobs, np.float32),
             prompt_source=source,
-            root_key=root_key(call, seq),
+            root_key=root_key(call),
         )
 
 
+# (length, hash) of the leading ids: hashed once per call, since a system prompt plus tool definitions
+# can be 20k ids and a tuple does not cache its hash
+RootKey = tuple[int, int] | None
 ROOT_KINDS = frozenset({"system", "tools", "template"})
 
 
-def root_key(call: ModelCall, seq: np.ndarray) -> bytes | None:
+def root_key(call: ModelCall) -> RootKey:
     """What makes two calls the same agent: the ids of their leading system / tools / template segments.
 
     A subagent (or a side call such as a title generator) has another system prompt or tool set, so its
@@ -89,7 +93,19 @@ def root_key(call: ModelCall, seq: np.ndarray) -> bytes | None:
         if seg.kind not in ROOT_KINDS or seg.start != end:
             break
         end = seg.end
-    return seq[:end].tobytes()
+    return end, hash(tuple(call.prompt_ids[:end]))
+
+
+def common_prefix_length(a: list[int], b: list[int], block: int = 512) -> int:
+    """Length of the common prefix of two id lists: whole-slice comparisons, then one block scanned."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    for lo in range(0, n, block):
+        hi = min(lo + block, n)
+        if a[lo:hi] != b[lo:hi]:
+            return next(i for i in range(lo, hi) if a[i] != b[i])
+    return n
 
 
 @dataclass
@@ -100,7 +116,7 @@ class TreeBuilder:
     capacity: int = 1024
     size: int = 0
     cols: dict[str, np.ndarray] = field(default_factory=dict)
-    leaf_paths: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # leaf -> (ids, nodes)
+    leaf_paths: dict[int, tuple[list[int], np.ndarray]] = field(default_factory=dict)  # leaf -> (ids, nodes)
     call_paths: dict[int, np.ndarray] = field(default_factory=dict)  # call index -> its node path
     prompt_lens: dict[int, int] = field(default_factory=dict)
     longest: int = 0  # longest full sequence inserted so far
@@ -109,19 +125,17 @@ class TreeBuilder:
     def __post_init__(self) -> None:
         self.cols = {name: np.full(self.capacity, fill, dtype) for name, (dtype, fill) in _COLUMNS.items()}
 
-    def match(self, seq: np.ndarray) -> tuple[int, np.ndarray]:
-        """Longest common prefix of `seq` with this tree, and the node path of that prefix."""
+    def match(self, ids: list[int]) -> tuple[int, np.ndarray]:
+        """Longest common prefix of `ids` with this tree, and the node path of that prefix."""
         best, best_path = 0, np.zeros(0, np.int64)
-        for ids, nodes in reversed(list(self.leaf_paths.values())):  # the newest leaf is the likeliest match
-            n = min(ids.shape[0], seq.shape[0])
-            if n <= best:
+        for leaf_ids, nodes in reversed(list(self.leaf_paths.values())):  # the newest leaf is the likeliest match
+            if min(len(leaf_ids), len(ids)) <= best:
                 continue
-            diff = np.flatnonzero(ids[:n] != seq[:n])
-            lcp = int(diff[0]) if diff.size else n
+            lcp = common_prefix_length(leaf_ids, ids)
             if lcp > best:
                 best, best_path = lcp, nodes
-                if best == seq.shape[0]:
-                    break
+                if best == len(ids) or best == len(leaf_ids):
+                    break  # nothing else can share more: this path ends at a leaf, or ids are used up
         return best, best_path[:best]
 
     def _grow(self, extra: int) -> None:
@@ -137,7 +151,7 @@ class TreeBuilder:
 
     def insert(self, pc: PreparedCall, lcp: int, matched: np.ndarray) -> np.ndarray:
         """Add `pc` under the prefix it shares with the tree; returns the call's node path."""
-        seq, plen, n = pc.seq, pc.prompt_len, pc.seq.shape[0]
+        ids, plen, n = pc.ids, pc.prompt_len, len(pc.ids)
         cols = self.cols
         # matched generated positions that landed on context nodes become generated by this call
         if lcp > plen:
@@ -158,7 +172,7 @@ class TreeBuilder:
             new = np.arange(start, start + k, dtype=np.int64)
             positions = np.arange(lcp, n)
             is_gen = positions >= plen
-            cols["tokens"][new] = seq[lcp:]
+            cols["tokens"][new] = np.array(ids[lcp:], dtype=np.int64)
             cols["parents"][new] = new - 1
             cols["parents"][start] = matched[-1] if lcp else -1
             cols["generated"][new] = is_gen
@@ -178,7 +192,7 @@ class TreeBuilder:
             path = np.concatenate((matched, new))
             if lcp:
                 self.leaf_paths.pop(int(matched[-1]), None)
-            self.leaf_paths[int(new[-1])] = (seq, path)
+            self.leaf_paths[int(new[-1])] = (ids, path)
         else:
             path = matched
         self.call_paths[pc.index] = path
