@@ -142,6 +142,7 @@ class AnswerMatches(FileCheck):
     path: str
     expected: Any
     rel_tol: float = 1e-2
+    abs_tol: float = 1e-9
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -149,7 +150,7 @@ class AnswerMatches(FileCheck):
 
     def _check(self, target: Path) -> CheckOutcome:
         text = target.read_text(encoding="utf-8").strip()
-        if match_answer(text, self.expected, rel_tol=self.rel_tol):
+        if match_answer(text, self.expected, rel_tol=self.rel_tol, abs_tol=self.abs_tol):
             return _ok(f"{self.path} = {text[:60]!r} matches {self.expected!r}")
         return _fail(f"{self.path} = {text[:60]!r}, expected {self.expected!r}")
 
