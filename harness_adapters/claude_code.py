@@ -74,6 +74,10 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
         }
+        if self.mcp_servers:
+            # -p starts MCP servers in the background and may make its first call before they connect;
+            # make it wait for them (up to MCP_TIMEOUT ms) so the tools are offered from the first call
+            env.update({"MCP_CONNECTION_NONBLOCKING": "false", "MCP_TIMEOUT": "60000"})
         return LaunchPlan(argv=argv, env=env, cwd=ctx.sandbox.workspace_path, files=files)
 
     def parse(self, stdout: str, stderr: str, exit_code: int | None) -> ParsedRun:

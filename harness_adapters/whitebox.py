@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -156,7 +155,9 @@ class SandboxToolbox:
 
     async def _mcp(self, action: str, server: McpServer, tool: str | None = None, args: dict[str, Any] | None = None) -> dict[str, Any]:
         spec = json.dumps({"command": server.command, "args": list(server.args), "env": dict(server.env)})
-        argv = [sys.executable, "-I", str(MCP_CLIENT), action, spec]
+        from harness_adapters.mcp_servers import sandbox_python_argv
+
+        argv = [*sandbox_python_argv(), str(MCP_CLIENT), action, spec]
         if action == "call":
             argv += [tool or "", json.dumps(args or {})]
         result = await self.sandbox.exec(argv, cwd=self.workspace, timeout_s=self.command_timeout_s)

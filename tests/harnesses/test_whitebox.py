@@ -1,0 +1,82 @@
+"""The white-box loop: in-process calls recorded into the proxy's rollout, the same forest; and skyrl-gym."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness_adapters.skyrl_env import WhiteBoxTextEnv
+from harness_adapters.whitebox import WhiteBoxAdapter
+from tests.harnesses.helpers import ANSWER_FILE, one_rollout, scripted_policy, tokenizer, tool_call, write_call, write_task
+
+FINAL = "Done."
+
+
+@pytest.mark.parametrize(("content", "reward"), [("42", 1.0), ("41", 0.0)])
+async def test_whitebox_rollout_scores_and_rebuilds_the_same_forest_type(content: str, reward: float) -> None:
+    completions = [tool_call("bash", {"command": "cat notes.md"}), write_call("WhiteBox", content), FINAL]
+    policy = scripted_policy(completions)
+    result = await one_rollout(WhiteBoxAdapter(), policy)
+    assert result.status == "ok", result.failure
+    assert result.reward == reward
+    assert result.harness_result is not None and result.harness_result.final_message == FINAL
+    # the bash tool really ran in the sandbox: its output is in the next prompt the engine saw
+    assert "The answer is 42." in policy.engine.prompt_texts[1]
+    # every in-process call was recorded into the proxy's rollout and came back from close_rollout
+    assert [c.call_index for c in result.calls] == [0, 1, 2]
+    assert all(c.api_style.value == "in-process" for c in result.calls)
+    # token-in, token-out: each prompt extends the previous call's prompt + raw generated ids exactly
+    for before, after in zip(result.calls, result.calls[1:]):
+        assert after.prompt_ids[: len(before.full_ids)] == before.full_ids
+        assert after.drift_events == 0 and after.spliced_spans
+    tok = tokenizer()
+    stats = result.forest.stats
+    assert stats.calls == 3 and stats.leaves == 1
+    assert stats.generated_tokens == sum(len(tok.encode(c, add_special_tokens=False)) + 1 for c in completions)
+
+
+async def test_whitebox_turn_cap_is_a_failure_not_a_success() -> None:
+    looping = [tool_call("bash", {"command": "true"})] * 3
+    result = await one_rollout(WhiteBoxAdapter(max_turns=3), scripted_policy(looping))
+    assert result.status == "failed" and result.failure is not None
+    assert "turn cap" in result.failure.reason
+
+
+async def test_whitebox_bad_tool_calls_come_back_as_error_text() -> None:
+    completions = [
+        tool_call("read", {"path": "missing.txt"}),
+        tool_call("edit", {"path": "notes.md", "old": "absent", "new": "x"}),
+        tool_call("nosuchtool", {}),
+        FINAL,
+    ]
+    policy = scripted_policy(completions)
+    result = await one_rollout(WhiteBoxAdapter(), policy)
+    assert result.status == "ok" and result.reward == 0.0
+    assert "No such file" in policy.engine.prompt_texts[1]
+    assert "occurs 0 times" in policy.engine.prompt_texts[2]
+    assert "unknown tool 'nosuchtool'" in policy.engine.prompt_texts[3]
+
+
+@pytest.mark.parametrize(("content", "reward"), [("42", 1.0), ("41", 0.0)])
+def test_skyrl_text_env_one_model_turn_per_step(content: str, reward: float) -> None:
+    env = WhiteBoxTextEnv(extras={"task": write_task(), "max_turns": 8})
+    try:
+        messages, info = env.init([])
+        assert [m["role"] for m in messages] == ["system", "user"]
+        assert {"read", "write", "edit", "bash"} <= {t["function"]["name"] for t in info["tools"]}
+        out = env.step(tool_call("bash", {"command": "cat notes.md"}))
+        assert not out["done"] and out["reward"] == 0.0
+        assert out["observations"][0]["role"] == "tool" and "The answer is 42." in out["observations"][0]["content"]
+        out = env.step(tool_call("write", {"path": ANSWER_FILE, "content": content}))
+        assert not out["done"]
+        out = env.step(FINAL)
+        assert out["done"] and out["reward"] == reward
+        assert out["metadata"]["turns"] == 3
+        with pytest.raises(RuntimeError, match="episode is over"):
+            env.step(FINAL)
+    finally:
+        env.close()
+
+
+def test_skyrl_text_env_needs_a_task() -> None:
+    with pytest.raises(ValueError, match="extras=\\{'task'"):
+        WhiteBoxTextEnv(extras={})
