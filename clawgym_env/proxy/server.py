@@ -150,6 +150,7 @@ class ServingProxy:
         if self._port_arg is not None:
             tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
             tcp.bind((self.endpoint.host, self._port_arg))
             tcp.listen(1024)
             sockets.append(tcp)
