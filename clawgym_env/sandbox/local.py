@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import itertools
 import json
+import marshal
 import os
 import posixpath
 import shutil
@@ -282,7 +283,7 @@ class LocalSandbox:
         if self._proxy is not None and self._proxy.unix_socket is not None:
             args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
         args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
-        args += [b.python, "-I", "-S", "-c", INIT_SOURCE, str(init_fd), json.dumps(self._init_config())]
+        args += [b.python, "-I", "-S", "-c", INIT_SOURCE, str(init_fd), marshal.dumps(self._init_config(), 4).hex()]
         return args
 
     def _init_config(self) -> dict[str, Any]:
@@ -316,10 +317,11 @@ class LocalSandbox:
         loop = asyncio.get_running_loop()
         try:
             ready = await asyncio.wait_for(loop.sock_recv(host_end, 1 << 16), READY_TIMEOUT_S)
-        except (TimeoutError, OSError):
-            ready = b""
-        if not ready:
-            raise SandboxError(f"sandbox {self.id} did not start: {self._stderr_tail() or 'no output from bwrap'}")
+        except (TimeoutError, OSError) as exc:
+            ready = repr(exc).encode()
+        if not ready.startswith(b"ready "):
+            code = self._process.returncode
+            raise SandboxError(f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}")
         self._reader = asyncio.create_task(self._read_control())
         self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
 
@@ -348,7 +350,7 @@ class LocalSandbox:
                 data = await loop.sock_recv(self._control, 1 << 16)
                 if not data:
                     break
-                message = json.loads(data)
+                message = _parse_reply(data)
                 future = self._pending.pop(message.get("id"), None)
                 if future is not None and not future.done():
                     future.set_result(message)
@@ -424,7 +426,7 @@ class LocalSandbox:
         try:
             assert self._control is not None
             self._control.sendmsg(
-                [json.dumps(request).encode()],
+                [marshal.dumps(request, 4)],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [in_read, out_write, err_write]))],
             )
         except OSError as exc:
@@ -500,7 +502,7 @@ class LocalSandbox:
 
     def _send_kill(self, request_id: int) -> None:
         with contextlib.suppress(OSError, AttributeError):
-            self._control.send(json.dumps({"op": "kill", "id": request_id}).encode())  # type: ignore[union-attr]
+            self._control.send(marshal.dumps({"op": "kill", "id": request_id}, 4))  # type: ignore[union-attr]
 
     def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         merged = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "TMPDIR": "/tmp",
@@ -575,12 +577,15 @@ class LocalSandbox:
         if self._wall_timer is not None:
             self._wall_timer.cancel()
         self._fail_pending(self._gone_reason or "destroyed")
+        if self._reader is not None:
+            # stop reading before closing the socket: a reader left registered on the fd number would
+            # steal the messages of the next sandbox that gets the same number
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         self._kill_and_forget()
         if self._process is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._process.wait(), 10)
-        if self._reader is not None:
-            self._reader.cancel()
         await asyncio.to_thread(self._remove_host_state)
         self._backend._sandboxes.discard(self)
 
@@ -620,6 +625,20 @@ class LocalSandbox:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def _parse_reply(data: bytes) -> dict[str, Any]:
+    """The init's one-line replies: 'exit <id> <code> <signal>' or 'error <id> <message>'."""
+    words = data.decode(errors="replace").split(" ", 2)
+    try:
+        if words[0] == "exit":
+            code, _, sig = words[2].partition(" ")
+            return {"op": "exit", "id": int(words[1]), "code": int(code), "signal": int(sig or 0) or None}
+        if words[0] == "error":
+            return {"op": "error", "id": int(words[1]), "error": words[2] if len(words) > 2 else ""}
+    except (IndexError, ValueError):
+        pass
+    return {"op": "unknown"}
+
+
 def shlex_quote(text: str) -> str:
     import shlex
 

@@ -1,33 +1,35 @@
 """The long-lived process inside each local sandbox (run by the host's python with `-I -S`, stdlib only).
 
 It holds the sandbox's namespaces, and
-  * runs every command the host asks for: the host sends {"op": "exec", ...} over a SOCK_SEQPACKET control
-    socket with the command's stdin/stdout/stderr pipe ends attached (SCM_RIGHTS), so output flows straight
-    to the host without passing through here; it answers {"op": "exit", "id", "code", "signal"};
+  * runs every command the host asks for: the host sends a marshal'ed {"op": "exec", ...} over a
+    SOCK_SEQPACKET control socket with the command's stdin/stdout/stderr pipe ends attached (SCM_RIGHTS),
+    so output flows straight to the host without passing through here; it answers with one line of text,
+    "exit <id> <code> <signal>" (plain text, so the host never unmarshals anything from inside);
   * relays 127.0.0.1:<port> inside the sandbox to the serving proxy's Unix socket bound at /run/clawgym/.
-The host passes `argv[1]` = control fd, `argv[2]` = JSON config. When the control socket closes (host gone
+The host passes `argv[1]` = control fd, `argv[2]` = hex of the marshal'ed config. Only builtin low-level
+modules are imported (_socket, _thread, marshal ...): each sandbox start pays this interpreter's start-up. When the control socket closes (host gone
 or sandbox destroyed) this process exits, and bubblewrap kills everything left in the PID namespace.
 This file is read as text and given to `python -c`; it must not import anything outside the stdlib.
 """
 
+import _signal
+import _socket as socket
+import _thread
 import array
-import json
+import marshal
 import os
 import resource
-import signal
-import socket
 import sys
-import threading
 
 CONTROL = None  # set in main()
 CONFIG = {}
 CHILDREN = {}  # request id -> pid
-SEND_LOCK = threading.Lock()
+SEND_LOCK = _thread.allocate_lock()
 
 
-def send(message):
+def send(*words):
     with SEND_LOCK:
-        CONTROL.send(json.dumps(message).encode())
+        CONTROL.send(" ".join(str(w) for w in words).encode(errors="replace"))
 
 
 def apply_limits():
@@ -63,10 +65,16 @@ def relay_connection(client, target):
         client.close()
         upstream.close()
         return
-    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-    back.start()
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def backwards():
+        pump(upstream, client)
+        done.release()
+
+    _thread.start_new_thread(backwards, ())
     pump(client, upstream)
-    back.join()
+    done.acquire()
     client.close()
     upstream.close()
 
@@ -79,10 +87,10 @@ def start_relay(port, target):
 
     def serve():
         while True:
-            client, _ = listener.accept()
-            threading.Thread(target=relay_connection, args=(client, target), daemon=True).start()
+            fd, _ = listener._accept()
+            _thread.start_new_thread(relay_connection, (socket.socket(fileno=fd), target))
 
-    threading.Thread(target=serve, daemon=True).start()
+    _thread.start_new_thread(serve, ())
 
 
 def spawn(request, fds):
@@ -92,8 +100,8 @@ def spawn(request, fds):
     if pid == 0:
         try:
             os.setsid()
-            for number in (signal.SIGPIPE, signal.SIGXFSZ):  # python ignores these; commands expect defaults
-                signal.signal(number, signal.SIG_DFL)
+            for number in (_signal.SIGPIPE, _signal.SIGXFSZ):  # python ignores these; commands expect defaults
+                _signal.signal(number, _signal.SIG_DFL)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             os.chdir(request["cwd"])
@@ -113,38 +121,38 @@ def spawn(request, fds):
     os.close(err_read)
     if error:
         os.waitpid(pid, 0)
-        send({"op": "error", "id": request["id"], "error": error.decode(errors="replace")})
+        send("error", request["id"], error.decode(errors="replace"))
         return
     CHILDREN[request["id"]] = pid
-    threading.Thread(target=wait_for, args=(request["id"], pid), daemon=True).start()
+    _thread.start_new_thread(wait_for, (request["id"], pid))
 
 
 def wait_for(request_id, pid):
     _, status = os.waitpid(pid, 0)
     CHILDREN.pop(request_id, None)
     code = os.waitstatus_to_exitcode(status)
-    send({"op": "exit", "id": request_id, "code": code if code >= 0 else 128 - code,
-          "signal": -code if code < 0 else None})
+    send("exit", request_id, code if code >= 0 else 128 - code, -code if code < 0 else 0)
 
 
 def kill(request_id):
     pid = CHILDREN.get(request_id)
     if pid is not None:
         try:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, _signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
 def main():
     global CONTROL, CONFIG
+    os.set_inheritable(int(sys.argv[1]), False)  # commands must not get the control socket
     CONTROL = socket.socket(fileno=int(sys.argv[1]))
-    CONFIG = json.loads(sys.argv[2])
+    CONFIG = marshal.loads(bytes.fromhex(sys.argv[2]))
     apply_limits()
     relay = CONFIG.get("relay")
     if relay:
         start_relay(relay["port"], relay["socket"])
-    send({"op": "ready", "pid": os.getpid()})
+    send("ready", os.getpid())
     while True:
         try:
             data, ancdata, _, _ = CONTROL.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4))
@@ -156,17 +164,17 @@ def main():
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
-        request = json.loads(data)
+        request = marshal.loads(data)
         if request["op"] == "exec":
             try:
                 spawn(request, list(fds))
             except OSError as exc:
-                send({"op": "error", "id": request["id"], "error": str(exc)})
+                send("error", request["id"], exc)
         elif request["op"] == "kill":
             kill(request["id"])
     for pid in list(CHILDREN.values()):
         try:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, _signal.SIGKILL)
         except ProcessLookupError:
             pass
     os._exit(0)
