@@ -7,9 +7,9 @@ Each filter has a switch in `specs.ForestOptions` and a count in `ForestStats`:
   main root's is another agent (a subagent, or a side call such as Claude Code's title generator);
 - the **main root** is the root key whose calls generated the most tokens (ties: the root of the earliest
   call); the **main tree** is the tree of the main root's first call and every call that extends it;
-- context compaction: a call of a tree whose prompt is shorter than `compaction_ratio` x the longest
-  history already in that tree (and so cannot continue it) is a restart: it opens an auxiliary tree that
-  the calls extending it join;
+- context compaction: a call of a tree whose prompt, past the shared root, is shorter than
+  `compaction_ratio` x the longest history already in that tree (so it cannot continue it) is a restart:
+  it opens an auxiliary tree that the calls extending it join;
 - retries: a generation that no later call continued (neither in place nor spliced into a later prompt)
   while a sibling generation from the same prompt was continued is a dead leaf: removed;
 - over-forking: more surviving leaves than `max_leaves` drops the rollout (status "failed").
@@ -40,9 +40,16 @@ def choose_main_root(calls: Sequence[PreparedCall]) -> RootKey:
     return max(generated, key=lambda key: (generated[key], -first_seen[key]))
 
 
-def is_compaction_restart(pc: PreparedCall, tree: TreeBuilder, ratio: float) -> bool:
-    """The harness summarized its history and restarted: same root, but far shorter than the tree's longest."""
-    return tree.longest > 0 and pc.prompt_len < ratio * tree.longest
+def is_compaction_restart(pc: PreparedCall, tree: TreeBuilder, shared: int, ratio: float) -> bool:
+    """The harness summarized its history and restarted: same root, but far shorter than the tree's longest.
+
+    `shared` is the call's common prefix with the tree: a restart's prompt has new content (the summary),
+    so it is not already in the tree (that would be a retry). Lengths are measured past the root (system
+    prompt and tools), which both share and which can be most of a short history.
+    """
+    root = pc.root_key[0] if pc.root_key is not None else 0
+    diverges = shared < pc.prompt_len
+    return diverges and tree.longest > root and pc.prompt_len - root < ratio * (tree.longest - root)
 
 
 def spliced_sources(calls: Iterable[PreparedCall]) -> dict[int, int]:

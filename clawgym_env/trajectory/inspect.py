@@ -83,18 +83,18 @@ def render_text(forest: TrajectoryForest, decode: Decode | None = None, width: i
     console = Console(record=True, width=width, file=open("/dev/null", "w"))  # noqa: SIM115 - recording only
     head = Tree(Text(_headline(forest)))
 
-    def add(node: Tree, seg: Segment) -> None:
-        child = node.add(Text(describe(forest, seg, decode)))
+    def add(node: Tree, f: TrajectoryForest, seg: Segment) -> None:
+        child = node.add(Text(describe(f, seg, decode)))
         for sub in seg.children:
-            add(child, sub)
+            add(child, f, sub)
 
     for root in segments(forest):
-        add(head, root)
+        add(head, forest, root)
     for aux in forest.auxiliary:
         reason = aux.metadata.get("auxiliary_reason")
         branch = head.add(Text(f"[set aside: {reason}] {aux.num_tokens:,} tokens, {aux.num_branches} branches"))
         for root in segments(aux):
-            add(branch, root)
+            add(branch, aux, root)
     console.print(head)
     console.print(_calls_table(forest))
     filtered = forest.metadata.get("filtered", [])

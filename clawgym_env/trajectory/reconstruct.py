@@ -137,7 +137,7 @@ def _insert_all(live: list[PreparedCall], options: ForestOptions, records: dict[
             tree_lcp, tree_matched = tree.match(pc.ids)
             if tree_lcp > lcp:
                 best_tree, lcp, matched = tree, tree_lcp, tree_matched
-        if options.set_aside_compaction and filters.is_compaction_restart(pc, best_tree, options.compaction_ratio):
+        if options.set_aside_compaction and filters.is_compaction_restart(pc, best_tree, lcp, options.compaction_ratio):
             best_tree, lcp, matched = TreeBuilder(kind="compaction"), 0, np.zeros(0, np.int64)
             group.append(best_tree)
             trees.append(best_tree)

@@ -156,8 +156,9 @@ def synthetic_rollout(
             summarize = Message("user", rec.content(6), "user")
             summary_call = turn_call(history + [summarize], system, "main", None)
             compacted = [Message("user", summary_call.generated_ids[:-1][:10] + rec.content(4), "user")]
+            root = len(render(system)[0])  # system + tools + the next user header: what a restart keeps
             prompt_len = len(render(system + compacted)[0])
-            if prompt_len < 0.5 * longest:  # a real restart: far shorter than the history it replaces
+            if prompt_len - root < 0.5 * (longest - root):  # a real restart: far shorter past the root
                 history, role = compacted, "compaction"
         call = turn_call(history, system, role, ctx)
         longest = max(longest, len(call.prompt_ids) + len(call.generated_ids)) if role == "main" else longest

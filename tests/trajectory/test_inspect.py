@@ -42,6 +42,8 @@ def test_inspect_run_text_and_self_contained_html(tmp_path: Path) -> None:
     assert "rollout cc-0" in text and "reward 0.750" in text
     assert "[set aside: compaction]" in text and "[set aside: subagent]" in text
     assert "dead leaf" in text and "generate s" in text
+    subagent_part = text.split("[set aside: subagent]")[1].split("[set aside")[0]
+    assert "generated" in subagent_part and "tools" not in subagent_part  # the subagent's own tree, own prompt
     page = html_path.read_text()
     assert html_path.parent == run / "inspect" and page.startswith("<!doctype html>")
     assert "set aside (compaction)" in page.lower() and "<table>" in page
