@@ -196,7 +196,7 @@ async def bench(quick: bool) -> list[dict[str, Any]]:
                 per_token = 0.002 if stream else 0.0
                 for n in (1, 16, 64):
                     calls_each = 4 if stream else 8
-                    rollouts = max(n, (8 if stream else 32) // (2 if quick else 1))
+                    rollouts = max(n, (16 if stream else 32) // (2 if quick else 1))
                     script = lambda _p, it=iter(COMPLETIONS * 10**6): next(it)  # noqa: E731
                     engine = PacedTestEngine(tokenizer, script, per_token) if stream else ScriptedTestEngine(tokenizer, script)
                     policy = Policy(engine=engine, renderer=renderer)
