@@ -24,6 +24,7 @@ import json
 import marshal
 import os
 import posixpath
+import shlex
 import shutil
 import signal
 import socket
@@ -194,8 +195,10 @@ class LocalSandboxBackend:
         sandbox = LocalSandbox(self, sandbox_id, host_dir, task.mount_path, limits, proxy)
         self._sandboxes.add(sandbox)
         try:
-            await asyncio.to_thread(materialize_workspace, task.workspace, workspace_dir) if task.workspace.function \
-                else materialize_workspace(task.workspace, workspace_dir)
+            if task.workspace.function is not None or task.workspace.directory is not None:  # may be slow: off the loop
+                await asyncio.to_thread(materialize_workspace, task.workspace, workspace_dir)
+            else:
+                materialize_workspace(task.workspace, workspace_dir)
             await sandbox._start()
         except BaseException:
             await sandbox.destroy()
@@ -303,7 +306,7 @@ class LocalSandbox:
         self._control = host_end
         args = self._bwrap_args(init_end.fileno())
         if self._cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is in it
-            joins = " && ".join(f"echo $$ > {shlex_quote(str(f))}" for f in self._cgroup.procs_files)
+            joins = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in self._cgroup.procs_files)
             args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *args]
         with open(self._stderr_path, "wb") as stderr:
             self._process = await asyncio.create_subprocess_exec(
@@ -455,10 +458,9 @@ class LocalSandbox:
             self._send_kill(request_id)
             raise
         finally:
+            disk_full = watcher.done() and not watcher.cancelled() and watcher.result()
             watcher.cancel()
-            if not watcher.cancelled() and watcher.done() and watcher.result():
-                reason = reason or "disk"
-        if watcher.done() and not watcher.cancelled() and watcher.result():
+        if disk_full:
             reason = reason or "disk"
         await _finish_readers(readers, OUTPUT_GRACE_S)
         duration = time.monotonic() - started
@@ -637,12 +639,6 @@ def _parse_reply(data: bytes) -> dict[str, Any]:
     except (IndexError, ValueError):
         pass
     return {"op": "unknown"}
-
-
-def shlex_quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def _is_under(path: str, parent: str) -> bool:
