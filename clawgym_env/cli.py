@@ -82,15 +82,29 @@ def run(
 @app.command()
 def evaluate(
     env_ids: Annotated[list[str], typer.Argument(help="one or more environment ids")],
-    model: Annotated[str, typer.Option()] = "tiny-qwen3",
-    repeats: Annotated[int, typer.Option()] = 1,
+    model: Annotated[str, typer.Option(help="zoo name, local path, or scripted:reference|wrong|idle (test doubles)")] = "tiny-qwen3",
+    repeats: Annotated[int, typer.Option(help="rollouts per task instance")] = 1,
+    split: Annotated[str, typer.Option(help="train or test (held out)")] = "test",
+    level: Annotated[Optional[int], typer.Option(help="difficulty level (default: all levels)")] = None,
+    count: Annotated[Optional[int], typer.Option(help="task instances per env (default: the whole split)")] = None,
+    concurrency: Annotated[int, typer.Option(help="rollouts at a time")] = 2,
+    out: Annotated[Optional[Path], typer.Option(help="run directory for results.json, table.txt, eval.png")] = None,
+    seed: Annotated[int, typer.Option(help="suite generation seed")] = 0,
+    threshold: Annotated[float, typer.Option(help="success = reward >= threshold")] = 1.0,
+    engine: Annotated[str, typer.Option(help="transformers, vllm or remote")] = "transformers",
+    temperature: Annotated[Optional[float], typer.Option(help="sampling temperature (default: the env's)")] = None,
 ) -> None:
-    """Evaluate a policy on environments and write a results table."""
+    """Evaluate a policy on environments and write a results table (JSON, text, PNG plot)."""
     try:
         from benchmarks.evaluation import evaluate_cli  # noqa: F401
     except ImportError:
         _not_yet("evaluation", 8)
-    evaluate_cli(env_ids, model=model, repeats=repeats)
+    report = evaluate_cli(
+        env_ids, model=model, repeats=repeats, split=split, level=level, count=count, concurrency=concurrency,
+        out=out, seed=seed, threshold=threshold, engine=engine, temperature=temperature,
+    )  # fmt: skip
+    # every rollout failing is a broken set-up (harness, sandbox), not a score
+    raise typer.Exit(code=1 if all(r.status != "ok" for r in report.rows) else 0)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
