@@ -42,5 +42,8 @@ def sample_token(
     if sampling.temperature == 0:
         token = int(torch.argmax(logprobs))
     else:
-        token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
+        # Exponential race (as vLLM samples): argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
+        # p_i. torch.multinomial over a 150k vocabulary is ~30x slower on CPU.
+        race = torch.empty_like(logprobs).exponential_(generator=generator)
+        token = int(torch.argmax(logprobs - race.log()))
     return token, float(logprobs[token])
