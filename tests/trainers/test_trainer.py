@@ -1,0 +1,127 @@
+"""The training core: an update, weight sync into a real engine, exact resume, PPO's critic, LoRA export."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from clawgym_env.engines.transformers_engine import TransformersEngine
+from clawgym_env.interfaces import SamplingParams
+from trainers.core import OptimConfig, Trainer
+from trainers.grpo import GRPO, GRPOConfig
+from trainers.model import LoraSettings, apply_lora, export_weights
+from trainers.ppo import PPO, PPOConfig
+from trainers.rollouts import RolloutBatch
+from trainers.synthetic import SyntheticRollouts, forest_from_paths
+from trainers.tree_forward import Critic, tree_logprobs
+from trainers.tree_batch import build_micro_batches
+
+from .conftest import VOCAB, small_qwen3
+
+OPTIM = OptimConfig(lr=1e-3, token_budget=150, warmup_steps=1, schedule="cosine", total_steps=10)
+
+
+def source(seed: int = 0) -> SyntheticRollouts:
+    small = dict(turns=2, gen_tokens=(4, 8), tool_tokens=(3, 8), system_tokens=10)
+    return SyntheticRollouts(vocab=VOCAB, group_size=2, tasks_per_step=2, harnesses=("A", "B"), seed=seed, **small)
+
+
+def params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_update_trains_and_syncs_a_real_engine() -> None:
+    model = small_qwen3(0)
+    engine = TransformersEngine(copy.deepcopy(model), seed=0)
+    trainer = Trainer(model, GRPO(), OPTIM, engine=engine)
+    before = params(model)
+    metrics = trainer.update(source().next_batch())
+    assert engine.policy_version == 1 and trainer.step == 1
+    assert metrics["micro_batches"] > 1  # the token budget split the batch
+    assert metrics["unique_tokens"] < metrics["branch_tokens"]
+    assert {"reward/A", "reward/B", "loss", "clip_frac", "is_kl_k3", "entropy", "grad_norm"} <= set(metrics)
+    assert any(not torch.equal(a, b) for a, b in zip(before, params(model)))
+    for name, p in model.named_parameters():
+        assert torch.equal(dict(engine.model.named_parameters())[name], p.detach())
+
+    # the engine's rollout log-probs now match the trainer's recomputation (float32, same weights)
+    gen = asyncio.run(engine.generate([1, 2, 3, 4], SamplingParams(max_tokens=6, temperature=1.0, seed=0)))
+    path = [(t, False) for t in [1, 2, 3, 4]] + [(t, True) for t in gen.token_ids]
+    f = forest_from_paths([path], rollout_id="x")
+    (mb,) = build_micro_batches([f], [0], [f.generated.astype("float32")], 1000)
+    ours = tree_logprobs(model, mb).logprobs[mb.loss_mask]
+    assert torch.allclose(ours, torch.tensor(gen.logprobs), atol=1e-4)
+    engine.close()
+
+
+def test_degenerate_step_is_skipped_not_crashed() -> None:
+    f = [forest_from_paths([[(1, False), (2, True)]], rollout_id=f"r{i}", reward=1.0) for i in range(3)]
+    trainer = Trainer(small_qwen3(0), GRPO(), OPTIM)
+    before = params(trainer.model)
+    m = trainer.update(RolloutBatch.from_forests(f))
+    assert m["update_skipped"] == 1.0 and m["groups_degenerate"] == 1 and trainer.step == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, params(trainer.model)))
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_resume_from_checkpoint_reproduces_the_next_step(tmp_path, algo: str) -> None:
+    def make() -> Trainer:
+        torch.manual_seed(123)
+        model = small_qwen3(0)
+        if algo == "grpo":
+            return Trainer(model, GRPO(GRPOConfig()), OPTIM)
+        critic = Critic(small_qwen3(1))
+        return Trainer(model, PPO(PPOConfig()), OPTIM.model_copy(update={"epochs": 2}), critic=critic)
+
+    data = source(7)
+    first = make()
+    first.update(data.next_batch())
+    first.save_checkpoint(tmp_path / "ckpt.pt", extra={"data": data.state()})
+    torch.manual_seed(999)  # the checkpoint, not the caller, decides the RNG state
+    expected_metrics = first.update(data.next_batch())
+    expected = params(first.model)
+
+    resumed = make()
+    extra = resumed.load_checkpoint(tmp_path / "ckpt.pt")
+    data2 = source(0)
+    data2.set_state(extra["data"])
+    assert resumed.step == 1
+    metrics = resumed.update(data2.next_batch())
+    assert metrics["loss"] == expected_metrics["loss"]
+    assert metrics["lr"] == expected_metrics["lr"]
+    for a, b in zip(expected, params(resumed.model)):
+        assert torch.equal(a, b)
+    if algo == "ppo":
+        for a, b in zip(first.critic.parameters(), resumed.critic.parameters()):
+            assert torch.equal(a, b)
+
+
+def test_ppo_update_trains_policy_and_critic() -> None:
+    critic = Critic(small_qwen3(1))
+    trainer = Trainer(small_qwen3(0), PPO(), OPTIM, critic=critic)
+    data = source(3)
+    batch = data.next_batch()
+    before = [p.detach().clone() for p in critic.parameters()]
+    m1 = trainer.update(batch)
+    for _ in range(3):
+        m = trainer.update(batch)
+    assert m["value_loss"] < m1["value_loss"]
+    assert any(not torch.equal(a, b) for a, b in zip(before, critic.parameters()))
+
+
+def test_lora_trains_adapters_only_and_exports_merged_weights() -> None:
+    model = apply_lora(small_qwen3(0), LoraSettings(enabled=True, r=4, alpha=8))
+    trainer = Trainer(model, GRPO(), OPTIM)
+    base_before = {k: v.clone() for k, v in export_weights(model).items()}
+    trainer.update(source(1).next_batch())
+    exported = export_weights(model)
+    merged = copy.deepcopy(model).merge_and_unload()
+    plain = dict(merged.named_parameters())
+    assert set(exported) == set(plain)
+    for k, v in exported.items():
+        assert torch.allclose(v, plain[k], atol=1e-6)
+    changed = [k for k in exported if not torch.equal(exported[k], base_before[k])]
+    assert changed and all(any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in changed)
