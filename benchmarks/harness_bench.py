@@ -1,0 +1,151 @@
+"""Per-harness overhead, side by side: one short scripted rollout per harness (write a file, then answer).
+
+    .venv/bin/python benchmarks/harness_bench.py [--repeats 1] [--openclaw-variants]
+
+For each harness: wall time of the rollout, harness start-up (launch -> first model call, from the proxy's
+record), model time (the proxy's per-call time, engine included), harness overhead (wall - model time),
+peak RSS of everything in the sandbox (sampled every 50 ms), CPU seconds of the sandbox's processes, and how
+many such rollouts fit at once on this machine: an ESTIMATE, min(available memory / peak RSS,
+cores x wall / CPU seconds), not a measured concurrent run. The engine is the scripted test double, so model
+time is near zero and the numbers are the harness's own cost. `--openclaw-variants` also times OpenClaw with
+the start-up switches tried to amortize its 10-25 s start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer  # noqa: E402
+from clawgym_env.interfaces import Policy  # noqa: E402
+from clawgym_env.proxy import ChatMLRenderer, ServingProxy  # noqa: E402
+from clawgym_env.rollout import run_rollout  # noqa: E402
+from clawgym_env.sandbox import make_backend  # noqa: E402
+from clawgym_env.specs import EnvOptions, TaskSpec  # noqa: E402
+from harness_adapters.health import _health_check, _write_call, make_adapter  # noqa: E402
+
+HARNESSES = ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox")
+OPENCLAW_VARIANTS = {
+    "default": {},
+    "--local-model-lean": {"local_model_lean": True},
+    "env: skip channels/providers prewarm, no bundled plugins": {"extra_env": {
+        "OPENCLAW_SKIP_CHANNELS": "1", "OPENCLAW_SKIP_STARTUP_MODEL_PREWARM": "1",
+        "OPENCLAW_DISABLE_BUNDLED_PLUGINS": "1", "OPENCLAW_DISABLE_BONJOUR": "1", "OPENCLAW_SKIP_CRON": "1"}},
+}  # fmt: skip
+
+
+class RssSampler:
+    """Peak summed RSS and CPU seconds of this process's descendants (the sandboxes and everything in them)."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s, self.peak, self._stop = interval_s, 0, threading.Event()
+        self.cpu: dict[int, float] = {}  # pid -> last seen CPU seconds (user + system)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for child in me.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                    times = child.cpu_times()
+                    self.cpu[child.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def one(harness: str, adapter, proxy, backend, tokenizer, renderer) -> dict:
+    engine = ScriptedTestEngine(tokenizer, [_write_call(harness), "Done."])
+    task = TaskSpec(id=f"bench-{harness}", instruction="Write ok into health.txt.", verifier=_health_check, timeout_s=180)
+    with RssSampler() as rss:
+        t0 = time.perf_counter()
+        result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=renderer),
+                                   backend=backend, proxy=proxy, options=EnvOptions(max_calls=8))
+        wall = time.perf_counter() - t0
+    cpu = sum(rss.cpu.values())  # sampled: a process's last <50 ms slice before it exits is missed
+    model_s = sum(c.timings.total_s for c in result.calls)
+    hr = result.harness_result
+    return {"harness": harness, "ok": result.status == "ok" and result.reward == 1.0, "calls": len(result.calls),
+            "wall_s": wall, "harness_s": hr.wall_s if hr else 0.0, "startup_s": hr.startup_s if hr else None,
+            "model_s": model_s, "overhead_s": wall - model_s, "peak_rss_mb": rss.peak / 2**20, "cpu_s": cpu,
+            "failure": result.failure.reason[:100] if result.failure else ""}
+
+
+def fit(row: dict) -> tuple[int, int]:
+    mem = psutil.virtual_memory().available / 2**20
+    by_mem = int(mem * 0.8 // max(row["peak_rss_mb"], 1))
+    by_cpu = int((os.cpu_count() or 1) * row["wall_s"] // max(row["cpu_s"], 1e-3))
+    return by_mem, max(by_cpu, 1)
+
+
+async def main(repeats: int, openclaw_variants: bool) -> None:
+    tokenizer = load_qwen_tokenizer()
+    renderer = ChatMLRenderer(tokenizer)
+    run_dir = Path(tempfile.mkdtemp(prefix="clawgym-harness-bench-"))
+    proxy = ServingProxy(run_dir=run_dir)
+    await proxy.start()
+    backend = make_backend("local", hidden_paths=[str(run_dir)])
+    rows = []
+    try:
+        for harness in HARNESSES:
+            for _ in range(repeats):
+                rows.append(await one(harness, make_adapter(harness), proxy, backend, tokenizer, renderer))
+        variant_rows = []
+        if openclaw_variants:
+            from harness_adapters.openclaw import OpenClawAdapter
+
+            for label, options in OPENCLAW_VARIANTS.items():
+                row = await one("OpenClaw", OpenClawAdapter(**options), proxy, backend, tokenizer, renderer)
+                variant_rows.append((label, row))
+    finally:
+        await backend.aclose()
+        await proxy.stop()
+
+    print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().available / 2**30:.1f} GiB available, "
+          f"load avg {os.getloadavg()[0]:.1f}")
+    head = f"{'harness':<11}{'ok':>4}{'calls':>6}{'wall s':>8}{'start-up s':>11}{'model s':>9}{'overhead s':>11}" \
+           f"{'peak RSS MB':>12}{'CPU s':>7}{'fit(mem)':>9}{'fit(cpu)':>9}"
+    print(head)
+    base = next((r for r in rows if r["harness"] == "WhiteBox"), None)
+    for r in rows:
+        by_mem, by_cpu = fit(r)
+        start = f"{r['startup_s']:.2f}" if r["startup_s"] is not None else "-"
+        print(f"{r['harness']:<11}{'yes' if r['ok'] else 'NO':>4}{r['calls']:>6}{r['wall_s']:>8.2f}{start:>11}"
+              f"{r['model_s']:>9.3f}{r['overhead_s']:>11.2f}{r['peak_rss_mb']:>12.0f}{r['cpu_s']:>7.2f}{by_mem:>9}{by_cpu:>9}"
+              + (f"  {r['failure']}" if r["failure"] else ""))
+    if base:
+        print("wall time relative to the white-box loop: " + ", ".join(
+            f"{r['harness']} {r['wall_s'] / max(base['wall_s'], 1e-3):.1f}x" for r in rows if r is not base))
+    for label, r in variant_rows if openclaw_variants else []:
+        start = f"{r['startup_s']:.1f}" if r["startup_s"] is not None else "-"
+        print(f"OpenClaw [{label}]: ok={r['ok']} wall {r['wall_s']:.1f} s, start-up {start} s, CPU {r['cpu_s']:.1f} s, "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--openclaw-variants", action="store_true")
+    args = parser.parse_args()
+    asyncio.run(main(args.repeats, args.openclaw_variants))
