@@ -238,6 +238,30 @@ class ServingProxy:
             return self._closed[rollout_id].model_copy(deep=True)
         raise KeyError(f"rollout {rollout_id!r} is unknown to this proxy")
 
+    def limits(self, rollout_id: str) -> RolloutLimits:
+        """The limits an open rollout runs under (in-process loops enforce them themselves)."""
+        return self._open_state(rollout_id).limits
+
+    def record_inprocess_call(self, rollout_id: str, call: ModelCall) -> ModelCall:
+        """Record a call that an in-process loop (the white-box agent) made without HTTP.
+
+        It gets the rollout's next call index, goes to the same durable log and counts in the same stats
+        as a harness's HTTP call, so `close_rollout` and reconstruction treat both alike.
+        """
+        state = self._open_state(rollout_id)
+        call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id})
+        state.stats.completed_calls += 1
+        state.stats.prompt_tokens += len(call.prompt_ids)
+        state.stats.generated_tokens += len(call.generated_ids)
+        self._record(state, call)
+        return call
+
+    def _open_state(self, rollout_id: str) -> RolloutState:
+        state = self._rollouts.get(rollout_id)
+        if state is None:
+            raise KeyError(f"rollout {rollout_id!r} is not open on this proxy; open it with open_rollout() first")
+        return state
+
     def calls(self, rollout_id: str) -> list[ModelCall]:
         """The calls recorded so far for an open rollout."""
         return sorted(self._rollouts[rollout_id].calls, key=lambda c: c.call_index)
