@@ -1,0 +1,121 @@
+"""The validated form of a training config (what Hydra composes from trainers/conf/).
+
+Every field is documented in the YAML files of trainers/conf/ and in docs/trainers.md; pydantic
+rejects unknown keys so that a typo in an override fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainers.core import OptimConfig
+from trainers.grpo import GRPOConfig
+from trainers.model import LoraSettings
+from trainers.ppo import PPOConfig
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvSettings(Strict):
+    ids: list[str] = Field(min_length=1)
+    group_size: int = Field(default=4, ge=1)
+    tasks_per_step: int = Field(default=2, ge=1)
+    split: str = "train"
+    eval_split: str = "test"
+    level: int | None = 0
+    train_tasks: int | None = Field(default=None, ge=1)
+    eval_tasks: int | None = Field(default=8, ge=1)
+    max_concurrency: int = Field(default=4, ge=1)
+    suite_seed: int = 0
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class ModelSettings(Strict):
+    name: str
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = 0
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+
+
+class EngineSettings(Strict):
+    kind: Literal["transformers", "vllm", "remote"] = "transformers"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SandboxSettings(Strict):
+    backend: str = "local"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalSettings(Strict):
+    every: int = Field(default=5, ge=0, description="0 = only at start and end")
+    repeats: int = Field(default=2, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    at_start: bool = True
+
+
+class CheckpointSettings(Strict):
+    every: int = Field(default=10, ge=0)
+    resume: str | None = None  # a .pt path, or "auto" (the run_dir's latest)
+
+
+class WarmStartSettings(Strict):
+    enabled: bool = False
+    demos_per_task: int = Field(default=1, ge=1)
+    tasks: int | None = Field(default=None, ge=1)
+    epochs: int = Field(default=3, ge=1)
+    lr: float = Field(default=1e-4, gt=0)
+    token_budget: int = Field(default=8192, ge=1)
+
+
+class LoggingSettings(Strict):
+    tensorboard: bool = True
+    progress: bool = True
+    plot_every: int = Field(default=10, ge=0)
+
+
+class TrainConfig(Strict):
+    run_dir: Path
+    seed: int = 0
+    steps: int = Field(default=20, ge=0)
+    threads: int | None = Field(default=None, ge=1)
+    device: str = "cpu"
+    algorithm: dict[str, Any]
+    env: EnvSettings
+    model: ModelSettings
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, value: dict[str, Any]) -> dict[str, Any]:
+        name = value.get("name")
+        if name not in ("grpo", "ppo"):
+            raise ValueError(f"algorithm.name must be 'grpo' or 'ppo', got {name!r}")
+        algorithm_config(value)  # validates the fields now
+        return value
+
+
+def algorithm_config(settings: dict[str, Any]) -> GRPOConfig | PPOConfig:
+    fields = {k: v for k, v in settings.items() if k != "name"}
+    cls = PPOConfig if settings["name"] == "ppo" else GRPOConfig
+    allowed = set(cls.model_fields)
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ValueError(f"algorithm {settings['name']} has no option(s) {unknown}; known: {sorted(allowed)}")
+    return cls.model_validate(fields)
