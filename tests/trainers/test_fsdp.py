@@ -1,0 +1,43 @@
+"""FSDP2 data parallelism: 2 CPU processes on gloo make the same update as 1 process on the same batch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("fsdp_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    worker.main(str(tmp_path / "one.json"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(WORKER), str(tmp_path / "two.json")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert one["world"] == 1 and two["world"] == 2
+    assert one["micro_batches"] >= 2  # each rank really trained on its own share
+    assert one["tokens"] == two["tokens"]
+    assert abs(one["loss"] - two["loss"]) <= 1e-6 * max(1.0, abs(one["loss"]))
+    assert abs(one["grad_norm"] - two["grad_norm"]) <= 1e-5 * one["grad_norm"]
+    assert one["weights"].keys() == two["weights"].keys()
+    for key, value in one["weights"].items():
+        assert abs(value - two["weights"][key]) <= 1e-4 * max(1.0, abs(value)), key
