@@ -60,6 +60,7 @@ class Runtime:
         self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-runtime", daemon=True)
         self._thread.start()
         self._proxy: ServingProxy | None = None
+        self._proxy_lock = asyncio.Lock()
         self._backends: dict[tuple[str, str], SandboxBackend] = {}
         self._closed = False
         atexit.register(self.close)
@@ -91,12 +92,13 @@ class Runtime:
     # ------------------------------------------------------------------ shared parts
     async def proxy(self) -> ServingProxy:
         """The serving proxy of this run, started on first use (Unix socket + loopback port)."""
-        if self._proxy is None:
-            from clawgym_env.proxy import ServingProxy as ProxyImpl
+        async with self._proxy_lock:  # concurrent first rollouts must not start two proxies
+            if self._proxy is None:
+                from clawgym_env.proxy import ServingProxy as ProxyImpl
 
-            proxy = ProxyImpl(run_dir=self.run_dir, port=self.proxy_port)
-            await proxy.start()
-            self._proxy = proxy
+                proxy = ProxyImpl(run_dir=self.run_dir, port=self.proxy_port)
+                await proxy.start()
+                self._proxy = proxy
         return self._proxy
 
     async def backend(self, name: str, options: dict[str, Any]) -> SandboxBackend:
