@@ -134,13 +134,38 @@ def inspect(
 
 
 @app.command()
-def compare() -> None:
+def compare(
+    suite: Annotated[str, typer.Option(help="task suite")] = "ClawGymBench",
+    harness: Annotated[str, typer.Option(help="the black-box harness: Pi, ClaudeCode, Codex or OpenClaw")] = "Pi",
+    model: Annotated[str, typer.Option(help="starting policy: tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b or a path")] = "tiny-qwen3",
+    algorithm: Annotated[str, typer.Option(help="grpo or ppo")] = "grpo",
+    steps: Annotated[int, typer.Option(help="training steps of each run")] = 2,
+    group_size: Annotated[int, typer.Option(help="rollouts per task per step")] = 2,
+    tasks_per_step: Annotated[int, typer.Option(help="training tasks per step")] = 1,
+    train_tasks: Annotated[Optional[int], typer.Option(help="training task instances (default 2)")] = 2,
+    eval_tasks: Annotated[Optional[int], typer.Option(help="held-out task instances per harness")] = 2,
+    level: Annotated[Optional[int], typer.Option(help="difficulty level")] = 0,
+    repeats: Annotated[int, typer.Option(help="evaluation rollouts per held-out task")] = 1,
+    concurrency: Annotated[int, typer.Option(help="rollouts at a time")] = 2,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
+    max_new_tokens: Annotated[int, typer.Option(help="per-call cap on generated tokens")] = 64,
+    max_calls: Annotated[int, typer.Option(help="per-rollout cap on model calls")] = 4,
+    warm_start: Annotated[bool, typer.Option(help="SFT on reference demonstrations before RL")] = False,
+    seed: Annotated[int, typer.Option(help="training and suite seed")] = 0,
+    override: Annotated[Optional[list[str]], typer.Option(help="extra Hydra override for both trainings (repeatable)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/compare-<time>)")] = None,
+) -> None:
     """Train white-box and black-box, evaluate both under both, print the 2x2 table."""
     try:
         from benchmarks.compare import compare_cli
     except ImportError:
         _not_yet("the white-box vs black-box comparison", 8)
-    compare_cli()
+    compare_cli(
+        suite=suite, harness=harness, model=model, algorithm=algorithm, steps=steps, group_size=group_size,
+        tasks_per_step=tasks_per_step, train_tasks=train_tasks, eval_tasks=eval_tasks, level=level, repeats=repeats,
+        concurrency=concurrency, lr=lr, max_new_tokens=max_new_tokens, max_calls=max_calls, warm_start=warm_start,
+        seed=seed, train_overrides=list(override or []), out=out,
+    )  # fmt: skip
 
 
 @app.command()
