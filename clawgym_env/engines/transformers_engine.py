@@ -117,6 +117,7 @@ class TransformersEngine:
         max_context: int | None = None,
         seed: int | None = None,
         policy_version: int = 0,
+        num_threads: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -129,6 +130,9 @@ class TransformersEngine:
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 32768)
         self.default_stop_ids = frozenset(stop_token_ids if stop_token_ids is not None else self._eos_ids())
         self.policy_version = policy_version
+        # torch's intra-op thread count is per OS thread: the worker adopts this one explicitly. On a
+        # busy shared CPU, 1 thread is often fastest (OpenMP barriers wait for descheduled threads).
+        self.num_threads = num_threads or torch.get_num_threads()
         self.prefix_cache = PrefixCache(prefix_cache_entries)
         self.stats = EngineStats()
         self._rng = random.Random(seed)
@@ -311,6 +315,7 @@ class TransformersEngine:
 
     def _run(self) -> None:
         batch = _Batch()
+        torch.set_num_threads(self.num_threads)
         try:
             with torch.inference_mode():
                 while True:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -109,7 +108,7 @@ class VLLMEngine:
         self._resume = asyncio.Event()
         self._resume.set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
+        self._aborted: set[str] = set()
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -125,11 +124,13 @@ class VLLMEngine:
         kwargs = vllm_sampling_kwargs(sampling)
         if self.extra_stop_ids:
             kwargs["stop_token_ids"] = sorted(set(kwargs.get("stop_token_ids", [])) | set(self.extra_stop_ids))
-        params = VllmSamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
+        # CUMULATIVE: an aborted request still hands back everything generated so far.
+        params = VllmSamplingParams(output_kind=RequestOutputKind.CUMULATIVE, **kwargs)
         rid = request_id or f"clawgym-{next(self._ids)}"
         version = self.policy_version
         self._in_flight += 1
         self._idle.clear()
+        self._aborted.discard(rid)
         final = None
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=rid):
@@ -147,10 +148,18 @@ class VLLMEngine:
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
         finish: FinishReason = completion.finish_reason if completion.finish_reason in ("stop", "length", "abort") else "stop"
+        if rid in self._aborted or completion.finish_reason is None:
+            self._aborted.discard(rid)
+            finish = "abort"
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
-    async def abort(self, request_id: str) -> None:
-        await self.llm.abort(request_id)
+    def abort(self, request_id: str) -> bool:
+        """End a running request (from the engine's event loop); its generate() returns with finish "abort"."""
+        if self._loop is None:
+            return False
+        self._aborted.add(request_id)
+        self._loop.create_task(self.llm.abort(request_id))
+        return True
 
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Pause, wait for in-flight requests, load the tensors into every worker, reset the prefix cache."""
