@@ -104,3 +104,22 @@ def test_shared_tokens_are_fewer_than_branch_tokens() -> None:
     (mb,), _ = grpo_micro_batches(batch, GRPOConfig(), token_budget=1 << 30)
     assert mb.num_tokens < mb.branch_tokens
     assert np.unique(np.concatenate(mb.branches())).size == mb.num_tokens
+
+
+def test_library_branchwise_baseline_trains_the_same_objective() -> None:
+    from trainers.branchwise import branchwise_policy_loss
+    from trainers.grpo import policy_micro_batch_loss
+
+    batch = rollouts()
+    model = small_qwen3(0)
+    (mb,), _ = grpo_micro_batches(batch, CONFIG, token_budget=1 << 30)
+    n = float(mb.num_loss_tokens)
+    packed = policy_micro_batch_loss(model, mb, n, CONFIG).loss
+    packed.backward()
+    g_packed = grads(model)
+    model.zero_grad()
+    baseline = branchwise_policy_loss(model, mb, n, CONFIG).loss
+    baseline.backward()
+    assert torch.allclose(packed, baseline, atol=1e-5, rtol=1e-4)
+    for a, b in zip(g_packed, grads(model)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
