@@ -211,7 +211,7 @@ def train_one(config: CompareConfig, env_id: str, run_dir: Path, train_fn: Train
 def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
     """The starting policy of a TrainConfig, or the trained one from a checkpoint the trainer saved.
 
-    Built exactly as the trainer builds its engine (same model, seed, dtype, engine options); the trained
+    Built as the trainer builds its transformers engine (same model, seed, dtype, engine options); the trained
     weights go in through `engine.update_weights`, as during training (LoRA adapters merged).
     """
     import torch
@@ -221,12 +221,12 @@ def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
     from clawgym_env.proxy import ChatMLRenderer
     from trainers.model import apply_lora, export_weights, load_model
 
-    if cfg.engine.kind != "transformers":
-        raise ValueError(f"the comparison rebuilds policies with the transformers engine, not {cfg.engine.kind!r}")
     dtype = getattr(torch, cfg.model.dtype)
     model, tokenizer = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)
     model.eval()
-    engine = TransformersEngine(model, tokenizer, seed=cfg.seed, **cfg.engine.options)
+    # evaluation always serves from an in-process transformers engine (whatever engine trained)
+    options = cfg.engine.options if cfg.engine.kind == "transformers" else {}
+    engine = TransformersEngine(model, tokenizer, seed=cfg.seed, **options)
     if checkpoint is not None:
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)
         trained = apply_lora(load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)[0], cfg.model.lora)
