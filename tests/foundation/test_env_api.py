@@ -59,6 +59,7 @@ def test_import_guard_detects_a_shadowing_package(tmp_path, monkeypatch):
     fake.mkdir()
     (fake / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "verifiers", raising=False)  # find_spec answers from sys.modules first
     with pytest.raises(ShadowedPackageError, match="shadows ours"):
         check_top_level_packages(("verifiers",))
 
