@@ -122,7 +122,11 @@ if fault == "probe":
     emit(type="probe", results=out)
     # then behave: fall through to the healthy loop
 for turn in range(int(args.get("max_turns", 8))):
-    reply = chat(messages)["choices"][0]["message"]
+    try:
+        reply = chat(messages)["choices"][0]["message"]
+    except urllib.error.HTTPError as e:  # surface the API's error and stop, as the CLIs do on a 4xx
+        emit(type="refused", status=e.code, calls=turn, error=json.loads(e.read())["error"])
+        sys.exit(2)
     calls = reply.get("tool_calls") or []
     if not calls:
         emit(type="final", text=reply.get("content") or "", turns=turn + 1)
@@ -201,10 +205,11 @@ def answer_check(workspace: Any) -> float:
     return 1.0 if path.is_file() and path.read_text().strip() == ANSWER else 0.0
 
 
-def fault_task(fault: str, index: int = 0, timeout_s: float = 60.0, **metadata: Any) -> TaskSpec:
+def fault_task(fault: str, index: int = 0, timeout_s: float = 60.0, marker: str = "", **metadata: Any) -> TaskSpec:
+    """A task for the faulty harness; `marker` goes into the instruction (engine doubles match on it)."""
     return TaskSpec(
         id=f"{fault}-{index}",
-        instruction=f"Read notes.md and write the answer into {ANSWER_FILE}.",
+        instruction=f"Read notes.md and write the answer into {ANSWER_FILE}.{marker}",
         workspace={"notes.md": f"The answer is {ANSWER}.\n"},
         verifier=answer_check,
         timeout_s=timeout_s,

@@ -66,7 +66,7 @@ def test_training_style_loop_goes_on_after_faulty_batches(make_env):
     policy = doubles.scripted_policy()
     rewards = []
     for step in range(3):
-        tasks = [doubles.fault_task("crash", step), doubles.fault_task("hang", step, timeout_s=3), doubles.fault_task("ok", step)]
+        tasks = [doubles.fault_task("crash", step), doubles.fault_task("hang", step, timeout_s=2), doubles.fault_task("ok", step)]
         results = env.runtime.run(_batch(env, policy, tasks))
         rewards.append([r.reward for r in results])
         assert [r.status for r in results] == ["failed", "failed", "ok"]
