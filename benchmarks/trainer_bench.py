@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--scale", type=int, default=120, help="tokens per generation/tool result (about)")
-    parser.add_argument("--token-budget", type=int, default=8192)
+    parser.add_argument("--token-budget", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")

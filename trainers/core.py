@@ -49,7 +49,7 @@ class OptimConfig(BaseModel):
     total_steps: int = Field(default=100, ge=1, description="for the decay schedules")
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
-    token_budget: int = Field(default=8192, ge=1, description="unique tokens per packed micro-batch")
+    token_budget: int = Field(default=4096, ge=1, description="unique tokens per packed micro-batch")
     epochs: int = Field(default=1, ge=1, description="passes over each step's batch")
     minibatches: int = Field(default=1, ge=1, description="optimizer steps per pass")
 

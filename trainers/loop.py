@@ -243,7 +243,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     "sft_loss_last": report.loss_per_epoch[-1] if report.loss_per_epoch else None,
                     "demonstrations": report.demonstrations, "successful": report.successful}, 0, kind="warm_start")  # fmt: skip
 
-    start_eval = eval_now("start") if cfg.eval.at_start and trainer.step == 0 else None
+    start_eval = None
+    if cfg.eval.at_start and trainer.step == 0:
+        warm = summary["stages"].get("warm_start")
+        start_eval = warm["after"] if warm else eval_now("start")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
