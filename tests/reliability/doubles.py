@@ -205,12 +205,15 @@ def answer_check(workspace: Any) -> float:
     return 1.0 if path.is_file() and path.read_text().strip() == ANSWER else 0.0
 
 
-def fault_task(fault: str, index: int = 0, timeout_s: float = 60.0, marker: str = "", **metadata: Any) -> TaskSpec:
+def fault_task(
+    fault: str, index: int = 0, timeout_s: float = 60.0, marker: str = "", workspace: dict[str, str] | None = None,
+    **metadata: Any,
+) -> TaskSpec:
     """A task for the faulty harness; `marker` goes into the instruction (engine doubles match on it)."""
     return TaskSpec(
         id=f"{fault}-{index}",
         instruction=f"Read notes.md and write the answer into {ANSWER_FILE}.{marker}",
-        workspace={"notes.md": f"The answer is {ANSWER}.\n"},
+        workspace=workspace or {"notes.md": f"The answer is {ANSWER}.\n"},
         verifier=answer_check,
         timeout_s=timeout_s,
         metadata={"fault": fault, **metadata},
