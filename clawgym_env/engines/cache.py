@@ -20,7 +20,7 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     if cache_dir is not None:
         root = Path(cache_dir)
     elif os.environ.get("CLAWGYM_CACHE"):
-        root = Path(os.environ["CLAWGYM_CACHE"])
+        root = Path(os.environ["CLAWGYM_CACHE"]) / "models"  # the same layout as <repo>/.cache
     else:
         root = REPO_ROOT / ".cache" / "models"
     root.mkdir(parents=True, exist_ok=True)

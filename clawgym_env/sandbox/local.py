@@ -23,6 +23,7 @@ import itertools
 import json
 import marshal
 import os
+import sys
 import posixpath
 import shlex
 import shutil
@@ -63,6 +64,25 @@ class SandboxError(RuntimeError):
 
 def default_root() -> Path:
     return Path(tempfile.gettempdir()) / f"clawgym-sandboxes-{os.getuid()}"
+
+
+def host_paths_needed_inside() -> list[Path]:
+    """Host folders that commands in a sandbox need: this checkout (MCP servers, verifier helpers), its
+    virtual environment and base interpreter, and the harness/model cache.
+
+    They are visible through the read-only root anyway, unless they sit under a folder that every
+    sandbox gets privately (/tmp, /root, /run): a checkout cloned under /tmp, or pyenv's interpreters
+    under /root. Those are bound back in, read-only, at the same path.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    cache = Path(os.environ.get("CLAWGYM_CACHE") or repo / ".cache")
+    candidates = [repo, cache, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent]
+    needed: list[Path] = []
+    for path in candidates:
+        path = path.absolute()
+        if path.is_dir() and any(_is_under(str(path), p) for p in PRIVATE_DIRS) and path not in needed:
+            needed.append(path)
+    return needed
 
 
 def default_python() -> str:
@@ -157,6 +177,7 @@ class LocalSandboxBackend:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.hidden_paths = [Path(p).absolute() for p in hidden_paths]
         self.ro_binds = {str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()}
+        self.auto_binds = host_paths_needed_inside()
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.relay_port = relay_port
         self.env = dict(env or {})
@@ -274,20 +295,30 @@ class LocalSandbox:
         tmpfs_size = str(self.limits.workspace_mb * 1024 * 1024)
         for private in PRIVATE_DIRS:
             args += ["--size", tmpfs_size, "--tmpfs", private]
+        for path in b.auto_binds:  # needed folders that the private dirs above would hide
+            args += ["--ro-bind", str(path), str(path)]
+        for host_path, inside in b.ro_binds.items():
+            args += ["--ro-bind", host_path, inside]
         hidden = [b.root, *b.hidden_paths]
         if self._proxy is not None and self._proxy.unix_socket is not None:
             hidden.append(Path(self._proxy.unix_socket).absolute().parent)
-        for path in hidden:
-            if not path.exists() or any(_is_under(str(path), p) for p in PRIVATE_DIRS):
+        for path in hidden:  # after the binds, so a hidden folder inside a bound one stays hidden
+            if not path.exists() or not self._visible_inside(path):
                 continue  # nothing to hide, or already hidden under a private tmpfs
             args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-        for host_path, inside in b.ro_binds.items():
-            args += ["--ro-bind", host_path, inside]
         if self._proxy is not None and self._proxy.unix_socket is not None:
             args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
         args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
         args += [b.python, "-I", "-S", "-c", INIT_SOURCE, str(init_fd), marshal.dumps(self._init_config(), 4).hex()]
         return args
+
+    def _visible_inside(self, path: Path) -> bool:
+        """Whether a host path would be visible inside without hiding (the root minus the private dirs,
+        plus whatever is bound back in)."""
+        bound = [str(p) for p in self._backend.auto_binds] + list(self._backend.ro_binds)
+        if any(_is_under(str(path), b) or _is_under(b, str(path)) for b in bound):
+            return True
+        return not any(_is_under(str(path), p) for p in PRIVATE_DIRS)
 
     def _init_config(self) -> dict[str, Any]:
         mb = 1024 * 1024
