@@ -1,0 +1,36 @@
+"""Load: 64 concurrent rollouts through the proxy and the local sandbox, no errors, no leaks, bounded memory.
+
+The default tier runs one wave of 64 (a few seconds); the slow tier keeps 64 in flight for two minutes
+(`benchmarks/load_test.py` runs the several-minutes version and prints the numbers).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.load_test import run_load
+
+
+def test_64_concurrent_rollouts_once(tmp_path):
+    report = run_load(concurrency=64, duration_s=120, max_rollouts=64, work_dir=tmp_path)
+    assert (report["rollouts"], report["ok"], report["errors"], report["failures"]) == (64, 64, 0, {})
+    assert report["calls"] == 128  # every rollout: the write tool call and the final answer
+    assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
+
+
+@pytest.mark.slow
+def test_64_concurrent_rollouts_for_two_minutes(tmp_path):
+    report = run_load(concurrency=64, duration_s=120, work_dir=tmp_path)
+    assert report["rollouts"] >= 640 and report["errors"] == 0 and report["failures"] == {}
+    assert report["calls"] == 2 * report["rollouts"]
+    assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
+    # bounded memory: after the first wave, thousands more rollouts add little (no per-rollout leak)
+    growth = report["rss_end_mb"] - report["rss_after_first_wave_mb"]
+    assert growth < 64, report
+
+
+@pytest.mark.slow
+def test_64_concurrent_real_codex_rollouts(tmp_path):
+    report = run_load(concurrency=64, duration_s=300, max_rollouts=64, harness="Codex", work_dir=tmp_path)
+    assert (report["rollouts"], report["errors"]) == (64, 0), report
+    assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
