@@ -46,7 +46,7 @@ def write_task(task_id: str = "write-answer") -> TaskSpec:
         instruction=f"Read notes.md and write the answer (just the number) into {ANSWER_FILE}.",
         workspace={"notes.md": f"The answer is {ANSWER}.\n"},
         verifier=answer_check,
-        timeout_s=120,
+        timeout_s=300,  # an upper bound: OpenClaw alone starts for 10-25 s, more on a loaded machine
     )
 
 

@@ -42,19 +42,20 @@ async def test_cannot_write_outside_workspace_and_tmp(backend: LocalSandboxBacke
 
 
 async def test_cannot_read_another_sandboxs_workspace(backend: LocalSandboxBackend) -> None:
+    secret = f"secret-{uuid.uuid4().hex}"  # made at run time, so no file on disk holds it (this test's source neither)
     async with await backend.create(make_task()) as a, await backend.create(make_task()) as b:
-        await a.write_file("secret.txt", "alpha-secret")
+        await a.write_file("secret.txt", secret)
         for attempt in (
             f"cat {a.workspace_dir}/secret.txt",  # a's host path
             f"ls -A {backend.root}",  # the root of all sandbox dirs is an empty tmpfs inside
             "cat /proc/*/root" + a.workspace_path + "/secret.txt",
-            "grep -rs alpha-secret /tmp /run /root",
+            f"grep -rs {secret} /tmp /run /root",
         ):
             result = await b.exec(attempt)
-            assert "alpha-secret" not in result.stdout, attempt
+            assert secret not in result.stdout, attempt
             assert a.id not in result.stdout, attempt
         assert (await b.exec("ls -A " + b.workspace_path)).stdout == ""
-        assert (await a.exec("cat secret.txt")).stdout == "alpha-secret"
+        assert (await a.exec("cat secret.txt")).stdout == secret
 
 
 async def test_hidden_paths_are_empty_inside(sandbox_root: Path, tmp_path: Path) -> None:
