@@ -44,6 +44,7 @@ class ModelSettings(Strict):
     name: str
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
+    gradient_checkpointing: bool = False
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
@@ -75,7 +76,7 @@ class WarmStartSettings(Strict):
     tasks: int | None = Field(default=None, ge=1)
     epochs: int = Field(default=3, ge=1)
     lr: float = Field(default=1e-4, gt=0)
-    token_budget: int = Field(default=8192, ge=1)
+    token_budget: int = Field(default=4096, ge=1)
 
 
 class LoggingSettings(Strict):

@@ -29,7 +29,7 @@ from trainers.config import TrainConfig, algorithm_config
 from trainers.core import Trainer
 from trainers.grpo import GRPO
 from trainers.metrics_log import MetricsLogger, console
-from trainers.model import _plain, apply_lora, frozen_copy, load_model
+from trainers.model import _plain, apply_lora, enable_gradient_checkpointing, frozen_copy, load_model
 from trainers.plots import plot_metrics
 from trainers.ppo import PPO, PPOConfig
 from trainers.rollouts import RolloutBatch
@@ -176,6 +176,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     dtype = getattr(torch, cfg.model.dtype)
     model, tokenizer = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)
     model = apply_lora(model, cfg.model.lora)
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     ref_model = frozen_copy(model) if algo_cfg.kl_coef else None
     critic = Critic(copy.deepcopy(unwrap(model) if not cfg.model.lora.enabled else _plain(model))) if isinstance(algo_cfg, PPOConfig) else None
     model.to(cfg.device)

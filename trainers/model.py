@@ -33,6 +33,18 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) 
     return model, tokenizer
 
 
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in backward instead of storing its activations.
+
+    On CPU the packed tree's attention runs SDPA's math path, which keeps a [heads, T, T] matrix per
+    layer for backward: for a 0.5B model and T = 8k that alone is ~90 GB; with checkpointing only one
+    layer's worth is alive at a time.
+    """
+    unwrap = model.get_base_model() if hasattr(model, "get_base_model") else model
+    unwrap.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    unwrap.config.use_cache = False
+
+
 def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     if not settings.enabled:
         return model

@@ -123,3 +123,22 @@ def test_library_branchwise_baseline_trains_the_same_objective() -> None:
     assert torch.allclose(packed, baseline, atol=1e-5, rtol=1e-4)
     for a, b in zip(g_packed, grads(model)):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+
+
+def test_gradient_checkpointing_keeps_loss_and_gradients() -> None:
+    from trainers.model import enable_gradient_checkpointing
+
+    batch = rollouts()
+    model = small_qwen3(0)
+    plain, _ = grpo_loss(model, batch.forests, batch.rewards, config=CONFIG)
+    plain.backward()
+    g_plain = grads(model)
+    model.zero_grad()
+    enable_gradient_checkpointing(model)
+    model.train()
+    assert model.is_gradient_checkpointing
+    ckpt, _ = grpo_loss(model, batch.forests, batch.rewards, config=CONFIG)
+    ckpt.backward()
+    assert torch.allclose(plain, ckpt, atol=1e-6)
+    for a, b in zip(g_plain, grads(model)):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
