@@ -108,6 +108,24 @@ def evaluate(
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def main(
+    ctx: typer.Context,
+    mix: Annotated[bool, typer.Option("--mix", help="two harnesses (pi + Claude Code) in one batch")] = False,
+    whitebox: Annotated[bool, typer.Option("--whitebox", help="the white-box baseline instead of a CLI harness")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="tiny random model, few rollouts: a plumbing check")] = False,
+    steps: Annotated[Optional[int], typer.Option(help="training steps (default: the preset's)")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="default: runs/main-<time>")] = None,
+) -> None:
+    """The main job: GRPO through a real black-box harness on the embedded defaults, then a summary.
+
+    Extra Hydra overrides may follow, e.g. `clawgym main optim.lr=1e-5 env.group_size=8`.
+    """
+    from trainers.main_job import run_main_job
+
+    run_main_job(console, mix=mix, whitebox=whitebox, quick=quick, steps=steps, run_dir=run_dir, extra=list(ctx.args))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(ctx: typer.Context) -> None:
     """Train with the bundled GRPO/PPO trainers (Hydra overrides follow, e.g. algorithm=ppo)."""
     try:
@@ -176,10 +194,6 @@ def health() -> None:
     except ImportError:
         _not_yet("the harness health check", 7)
     health_cli()
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -136,6 +136,16 @@ def collect(envs: list[Any], samplers: list[TaskSampler], tasks: list[list[Any]]
     return RolloutBatch(forests, np.array(rewards, dtype=np.float64), statuses, task_ids, harnesses, infos)
 
 
+def tree_metrics(forests: list[Any]) -> dict[str, float]:
+    """The step's reconstruction statistics summed over its rollouts (filter counts among them)."""
+    from clawgym_env.trajectory import ForestStats
+
+    total = sum((f.stats for f in forests), ForestStats())
+    keep = ("calls", "leaves", "dead_leaves_removed", "compaction_calls_set_aside", "subagent_calls_set_aside",
+            "dropped_overfork", "drift_events", "failed_calls")  # fmt: skip
+    return {f"tree/{k}": float(getattr(total, k)) for k in keep}
+
+
 def evaluate(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int) -> dict[str, float]:
     """Mean held-out reward per harness (failed rollouts count 0) and overall."""
     async def run_all() -> list[list[Any]]:
@@ -265,6 +275,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             rollout_s = time.perf_counter() - t0
             progress.update(bar, info="update ...")
             metrics = trainer.update(batch)
+            metrics.update(tree_metrics(batch.forests))
             metrics["rollout_s"] = rollout_s
             metrics["policy_version"] = float(trainer.step)
             logger.log(metrics, trainer.step)

@@ -1,0 +1,35 @@
+"""The README's main command, in its quick form: `clawgym main --quick` trains end to end and reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from trainers.main_job import main_job_overrides
+from trainers.main import compose
+
+
+def test_presets_compose_to_valid_configs(tmp_path):
+    default = compose(main_job_overrides(run_dir=tmp_path))
+    assert default.model.name == "qwen2.5-coder-0.5b" and default.env.ids == ["ClawGymBench-Pi"]
+    assert default.algorithm["name"] == "grpo"
+    mixed = compose(main_job_overrides(mix=True, run_dir=tmp_path))
+    assert mixed.env.ids == ["ClawGymBench-Pi", "ClawGymBench-ClaudeCode"]
+    assert compose(main_job_overrides(whitebox=True, run_dir=tmp_path)).env.ids == ["ClawGymBench-WhiteBox"]
+
+
+def test_main_job_quick_runs_and_writes_its_report(tmp_path):
+    run_dir = tmp_path / "main"
+    out = subprocess.run(
+        [sys.executable, "-m", "clawgym_env.cli", "main", "--quick", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "main job summary" in out.stdout and str(run_dir) in out.stdout
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == 2 and report["rollouts"] == 4  # 2 steps x 1 task x 2 rollouts
+    assert set(report["held_out"]) == {"Pi"} and report["held_out"]["Pi"]["before"] is not None
+    assert report["tree"]["calls"] >= 4  # every rollout made at least one real model call through pi
+    assert (run_dir / "metrics.png").stat().st_size > 0
+    assert (run_dir / "rollouts" / "calls.jsonl").is_file()
