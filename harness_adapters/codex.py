@@ -6,7 +6,10 @@ with a generated `$CODEX_HOME/config.toml`. Traps (HARNESSES.md §3): a catalog 
 a JS "code-mode" tool format unfit for an open-weights policy, so the model name is used as given (keep it
 off the catalog); analytics and plugins are off (else it calls out); its own bubblewrap sandbox cannot run
 inside ours, so it is bypassed; and CODEX_HOME must not be under /tmp, so it lives in the private HOME.
-MCP servers go in `[mcp_servers.<name>]`.
+MCP servers go in `[mcp_servers.<name>]`, marked `required` so Codex waits for each to connect (up to
+`startup_timeout_sec`) before its first model call instead of racing it, and fails clearly if one cannot start.
+Codex offers an MCP server's tools as one Responses `namespace` tool; the proxy flattens it
+(clawgym_env/proxy/apis/openai_responses.py), so the policy calls `mcp__<server>__<tool>`.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ class CodexAdapter(CliHarnessAdapter):
     package = "@openai/codex"
     pinned_version = "0.171.0"
 
-    def __init__(self, *, reasoning_summary: str | None = None, **kw: Any) -> None:
+    def __init__(self, *, reasoning_summary: str | None = None, mcp_startup_timeout_s: int = 60, **kw: Any) -> None:
         super().__init__(**kw)
         self.reasoning_summary = reasoning_summary
+        self.mcp_startup_timeout_s = mcp_startup_timeout_s
 
     def config_toml(self, ctx: HarnessContext) -> str:
         lines = [
@@ -67,6 +71,8 @@ class CodexAdapter(CliHarnessAdapter):
                 f"[mcp_servers.{server.name}]",
                 f"command = {toml_str(server.command)}",
                 f"args = {toml_list(list(server.args))}",
+                "required = true",
+                f"startup_timeout_sec = {self.mcp_startup_timeout_s}",
             ]
             if server.env:
                 lines.append(

@@ -61,7 +61,10 @@ def test_codex_config_is_valid_toml_with_mcp_and_no_outbound_features() -> None:
     provider = config["model_providers"]["policy"]
     assert provider["wire_api"] == "responses" and provider["base_url"].endswith("/rollouts/r1/v1")
     assert plan.env[provider["env_key"]] == "sk-test"
-    assert config["mcp_servers"]["search"] == {"command": "/usr/bin/env", "args": ["A=1", "python3", "s.py"], "env": {"K": "v"}}
+    assert config["mcp_servers"]["search"] == {
+        "command": "/usr/bin/env", "args": ["A=1", "python3", "s.py"], "env": {"K": "v"},
+        "required": True, "startup_timeout_sec": 60,  # Codex waits for the server before its first call
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(("style", "api", "suffix"), [

@@ -297,3 +297,43 @@ async def test_thinking_becomes_thinking_blocks_and_is_spliced(proxy, scripted_p
     assert finals[0].stop_reason == "tool_use" and finals[1].stop_reason == "end_turn"
     c0, c1 = proxy.close_rollout("think")
     assert c1.prompt_ids[: len(c0.full_ids)] == c0.full_ids and c1.drift_events == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_namespaced_responses_tools_are_flattened_and_called_back_by_namespace(proxy, scripted_policy, stream):
+    """Codex offers MCP tools as a `namespace` tool; the policy sees `mcp__server__tool` and Codex gets namespace + name."""
+    search = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+    tools = [
+        {"type": "function", "name": "exec_command", "description": "Run a command.", "parameters": LS_SCHEMA},
+        {
+            "type": "namespace",
+            "name": "mcp__docs",
+            "description": "Search the task's documents.",
+            "tools": [{"type": "function", "name": "search", "description": "Find lines.", "parameters": search}],
+        },
+    ]
+    policy = scripted_policy([tagged("mcp__docs__search", {"query": "answer"}), "The answer is 42."])
+    route = proxy.open_rollout(f"namespace-{stream}", policy)
+    items: list[dict[str, Any]] = [{"role": "user", "content": "Find the answer."}]
+    async with client_for("responses", proxy, route) as client:
+        for _ in range(2):
+            kwargs = dict(model="policy", input=items, tools=tools, store=False)
+            if stream:
+                async with client.responses.stream(**kwargs) as s:
+                    async for _event in s:
+                        pass
+                    response = await s.get_final_response()
+            else:
+                response = await client.responses.create(**kwargs)
+            calls = [i.model_dump(exclude_none=True) for i in response.output if i.type == "function_call"]
+            items += [i.model_dump(exclude_none=True) for i in response.output]
+            items += [{"type": "function_call_output", "call_id": c["call_id"], "output": "notes.md:1: 42"} for c in calls]
+    first_call = items[1]
+    assert (first_call["namespace"], first_call["name"]) == ("mcp__docs", "search")
+    calls = proxy.close_rollout(route.rollout_id)
+    assert len(calls) == 2
+    prompt = policy.engine.prompt_texts[0]
+    assert '"name": "mcp__docs__search"' in prompt and '"name": "exec_command"' in prompt
+    # the echoed namespaced call renders exactly as generated: the second prompt extends the first call
+    assert calls[1].prompt_ids[: len(calls[0].full_ids)] == calls[0].full_ids and calls[1].drift_events == 0
+    assert "notes.md:1: 42" in policy.engine.prompt_texts[1]

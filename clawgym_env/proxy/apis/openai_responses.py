@@ -4,6 +4,12 @@ Stateless only (harnesses send `store: false` and the full `input`): `previous_r
 with a 400 that says so. `instructions`, system and developer messages become system messages;
 `function_call` / `function_call_output` items become tool calls and tool results; `reasoning` items are
 echoed reasoning. Hosted tools (web_search, ...) are not offered to the policy: it cannot call them.
+
+Namespaced tools (`{"type": "namespace", "name": "mcp__server", "tools": [...]}`, how Codex offers its MCP
+and sub-agent tools) are flattened into plain tools named `<namespace>__<tool>` (so an MCP tool reads
+`mcp__server__tool`, the name Claude Code uses too). A call of such a tool goes back to the harness as a
+`function_call` with `namespace` and the tool's own `name`, which is how Codex dispatches it; Codex echoes
+that item back with both fields, and it is flattened the same way, so the echoed turn renders as generated.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class InputItem(Permissive):
     call_id: str | None = None
     name: str | None = None
     arguments: str | dict[str, Any] | None = None
+    namespace: str | None = None  # a call of a namespaced tool (Codex's MCP tools)
     output: str | list[Any] | None = None
     input: str | None = None
     summary: list[Any] | None = None
@@ -44,6 +51,43 @@ class ResponsesTool(Permissive):
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    tools: list[ResponsesTool] | None = None  # the members of a `namespace` tool
+
+
+NAMESPACE_SEPARATOR = "__"
+
+
+def flat_tool_name(namespace: str | None, name: str) -> str:
+    """The name the policy sees for tool `name` of `namespace` (the name itself when there is none)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def _tool_spec(tool: ResponsesTool, namespace: str | None) -> ToolSpec | None:
+    name = flat_tool_name(namespace, tool.name or "")
+    if tool.type == "function" and tool.name:
+        return ToolSpec(name, tool.description or "", tool.parameters or {"type": "object", "properties": {}})
+    if tool.type == "custom" and tool.name:
+        schema = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+        return ToolSpec(name, tool.description or "", schema)
+    return None  # hosted tools: the policy cannot call them
+
+
+def flatten_tools(tools: list[ResponsesTool] | None) -> tuple[list[ToolSpec], dict[str, tuple[str, str]]]:
+    """The callable tools as the chat template sees them, and flat name -> (namespace, name) for namespaced ones."""
+    specs: list[ToolSpec] = []
+    namespaced: dict[str, tuple[str, str]] = {}
+    for tool in tools or ():
+        if tool.type == "namespace" and tool.name:
+            for member in tool.tools or ():
+                spec = _tool_spec(member, tool.name)
+                if spec is not None:
+                    specs.append(spec)
+                    namespaced[spec.name] = (tool.name, member.name or "")
+        else:
+            spec = _tool_spec(tool, None)
+            if spec is not None:
+                specs.append(spec)
+    return specs, namespaced
 
 
 class ResponsesRequest(Permissive):
@@ -85,13 +129,7 @@ class ResponsesAdapter(ApiAdapter):
         else:
             for i, item in enumerate(request.input):
                 messages.extend(self._item(item, f"input.{i}"))
-        tools = []
-        for tool in request.tools or ():
-            if tool.type == "function" and tool.name:
-                tools.append(ToolSpec(tool.name, tool.description or "", tool.parameters or {"type": "object", "properties": {}}))
-            elif tool.type == "custom" and tool.name:
-                schema = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-                tools.append(ToolSpec(tool.name, tool.description or "", schema))
+        tools, _ = flatten_tools(request.tools)
         return Conversation(merge_consecutive_assistants(messages), tools)
 
     @staticmethod
@@ -108,7 +146,8 @@ class ResponsesAdapter(ApiAdapter):
         if kind == "function_call":
             if not item.name:
                 raise ProxyError("invalid_request", f"{param}.name is required for a function_call item", f"{param}.name")
-            return [Message("assistant", tool_calls=[ToolCall(item.name, parse_arguments(item.arguments), item.call_id)])]
+            name = flat_tool_name(item.namespace, item.name)
+            return [Message("assistant", tool_calls=[ToolCall(name, parse_arguments(item.arguments), item.call_id)])]
         if kind == "custom_tool_call":
             return [Message("assistant", tool_calls=[ToolCall(item.name or "", {"input": item.input or ""}, item.call_id)])]
         if kind in ("function_call_output", "custom_tool_call_output"):
@@ -123,10 +162,11 @@ class ResponsesAdapter(ApiAdapter):
         )
 
     # ---------------------------------------------------------------------------------- output
-    def _items(self, output: CallOutput) -> list[dict[str, Any]]:
+    def _items(self, output: CallOutput, request: ResponsesRequest) -> list[dict[str, Any]]:
         """The output items, with ids fixed once per call so streaming and the final response agree."""
         if "items" in output.extra:
             return output.extra["items"]
+        _, namespaced = flatten_tools(request.tools)
         items: list[dict[str, Any]] = []
         if output.reasoning:
             items.append(
@@ -149,16 +189,17 @@ class ResponsesAdapter(ApiAdapter):
                 }
             )
         for call in output.tool_calls:
-            items.append(
-                {
-                    "type": "function_call",
-                    "id": mint_id("fc_"),
-                    "call_id": call.id,
-                    "name": call.name,
-                    "arguments": arguments_json(call.arguments),
-                    "status": "completed",
-                }
-            )
+            item = {
+                "type": "function_call",
+                "id": mint_id("fc_"),
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": arguments_json(call.arguments),
+                "status": "completed",
+            }
+            if call.name in namespaced:
+                item["namespace"], item["name"] = namespaced[call.name]
+            items.append(item)
         output.extra["items"] = items
         return items
 
@@ -200,10 +241,10 @@ class ResponsesAdapter(ApiAdapter):
         return "incomplete" if output.finish == "length" else "completed"
 
     def response(self, output: CallOutput, request: ResponsesRequest) -> dict[str, Any]:
-        return self._response(output, request, self._items(output), self._status(output))
+        return self._response(output, request, self._items(output, request), self._status(output))
 
     def stream(self, output: CallOutput, request: ResponsesRequest) -> list[bytes]:
-        items = self._items(output)
+        items = self._items(output, request)
         events: list[bytes] = []
 
         def emit(kind: str, **fields: Any) -> None:
