@@ -4,8 +4,8 @@
     obs, info = venv.reset(seed=0)                     # by default all 8 get the same task (one group)
     forests, rewards, terminated, truncated, info = venv.step(policy)
 
-A failed rollout comes back as a failure (truncated, reward NaN-free 0.0, `info["status"][i] ==
-"failed"` with its reason), never as an exception in the caller's loop.
+A failed rollout comes back as a failure (truncated, reward 0.0, `info["status"][i] == "failed"` and
+`info["failure"][i]` with its stage and reason), never as an exception in the caller's loop.
 """
 
 from __future__ import annotations
