@@ -136,6 +136,16 @@ def collect(envs: list[Any], samplers: list[TaskSampler], tasks: list[list[Any]]
     return RolloutBatch(forests, np.array(rewards, dtype=np.float64), statuses, task_ids, harnesses, infos)
 
 
+def newest_checkpoint(ckpt_dir: Path) -> str | None:
+    """The checkpoint of the highest step: `latest.pt` can lag `step_N.pt` when a kill lands between the
+    two saves, so the numbered ones are looked at too."""
+    numbered = sorted(ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    if numbered:
+        return str(numbered[-1])
+    latest = ckpt_dir / "latest.pt"
+    return str(latest) if latest.is_file() else None
+
+
 def tree_metrics(forests: list[Any]) -> dict[str, float]:
     """The step's reconstruction statistics summed over its rollouts (filter counts among them)."""
     from clawgym_env.trajectory import ForestStats
@@ -221,9 +231,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ckpt_dir = run_dir / "checkpoints"
     resume = cfg.checkpoint.resume
     if resume == "auto":
-        resume = str(ckpt_dir / "latest.pt") if (ckpt_dir / "latest.pt").is_file() else None
+        resume = newest_checkpoint(ckpt_dir)
     if resume:
         extra = trainer.load_checkpoint(resume)
+        dropped = logger.truncate_after(trainer.step)  # steps past the checkpoint run again
+        if dropped and main_rank:
+            console.print(f"dropped {dropped} metric records past step {trainer.step}: those steps run again")
         for sampler, state in zip(samplers, extra.get("samplers", [])):
             sampler.set_state(state)
         trainer.sync_weights()

@@ -29,6 +29,18 @@ class MetricsLogger:
 
                 self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
 
+    def truncate_after(self, step: int) -> int:
+        """Drop records of steps after `step` (a resume from that step's checkpoint runs them again, so
+        keeping them would count their rollouts twice). Returns how many were dropped."""
+        if not self.enabled or not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
+        return len(lines) - len(kept)
+
     def log(self, record: dict[str, Any], step: int, kind: str = "train") -> None:
         if not self.enabled:
             return

@@ -81,7 +81,7 @@ def test_sigkill_between_steps_then_resume_matches_an_uninterrupted_run(tmp_path
     proc = subprocess.Popen(_argv(broken, "checkpoint.every=1"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ckpt2, latest = broken / "checkpoints" / "step_000002.pt", broken / "checkpoints" / "latest.pt"
     # between steps: after step 2's checkpoint *and* latest.pt are written (the loop saves step_N.pt first, then
-    # latest.pt; a kill between those two saves resumes from step N-1: see the xfail test below)
+    # latest.pt; a kill between those two saves must still resume from step N: newest_checkpoint)
     killed_at = _kill_when(proc, lambda: ckpt2.exists() and latest.exists() and latest.stat().st_mtime >= ckpt2.stat().st_mtime
                            and _sampler_state_or_none(latest) == _sampler_state_or_none(ckpt2))
     assert proc.returncode == -signal.SIGKILL
@@ -106,12 +106,6 @@ def test_sigkill_between_steps_then_resume_matches_an_uninterrupted_run(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "trainers/loop.py logs a step to metrics.jsonl before it checkpoints, and a resume from an earlier "
-    "checkpoint appends to metrics.jsonl without dropping rows past the checkpoint's step: steps done "
-    "after the last checkpoint are logged (and their rollouts counted) twice. The same happens when the "
-    "kill lands between the save of step_N.pt and of latest.pt (resume=auto then starts from N-1)"
-))  # fmt: skip
 def test_resume_from_an_older_checkpoint_counts_no_step_twice(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(_argv(run_dir, "checkpoint.every=2"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

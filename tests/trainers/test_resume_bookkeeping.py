@@ -1,0 +1,28 @@
+"""Resume bookkeeping: the newest checkpoint wins, and metrics past it are dropped (no step counted twice)."""
+
+from __future__ import annotations
+
+import json
+
+from trainers.loop import newest_checkpoint
+from trainers.metrics_log import MetricsLogger
+
+
+def test_newest_checkpoint_prefers_the_highest_step(tmp_path):
+    assert newest_checkpoint(tmp_path) is None
+    (tmp_path / "latest.pt").write_bytes(b"x")
+    assert newest_checkpoint(tmp_path).endswith("latest.pt")
+    for step in (2, 10, 4):
+        (tmp_path / f"step_{step:06d}.pt").write_bytes(b"x")
+    (tmp_path / "step_000012.pt.tmp").write_bytes(b"half-written")  # an interrupted save is never picked
+    assert newest_checkpoint(tmp_path).endswith("step_000010.pt")
+
+
+def test_truncate_after_drops_the_steps_that_run_again(tmp_path):
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        logger.log({"rollouts": 4.0}, step)
+    logger.log({"eval_reward_mean": 0.5}, 3, kind="eval")
+    assert logger.truncate_after(2) == 2
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
