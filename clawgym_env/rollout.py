@@ -111,7 +111,9 @@ async def run_rollout(
     t0 = time.perf_counter()
     try:
         try:
-            limits = SandboxLimits(wall_time_s=timeout_s + 60)
+            # the backend's configured limits, with a wall time that covers this task's timeout
+            base = getattr(backend, "limits", None) or SandboxLimits()
+            limits = base.model_copy(update={"wall_time_s": max(base.wall_time_s, timeout_s + 60)})
             sandbox = await backend.create(task, proxy=None if proxy is None else proxy.endpoint, limits=limits)
         except Exception as exc:  # noqa: BLE001 - reported as the rollout's failure
             failure = fail("sandbox", exc)
