@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from benchmarks.importers.common import BrokenTask, ImportedSuite, suite_name_for
+from benchmarks.importers.common import ImportedSuite, import_suite
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, TaskSpec, WorkspaceSpec
 from verifiers.script import ScriptVerifier
 
@@ -109,31 +109,11 @@ def load_clawgym_folder(
     folders = [root] if (root / DATA_ENTRY).exists() else sorted(
         p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
     )
-    tasks: list[TaskSpec] = []
-    problems: list[BrokenTask] = []
-    seen: dict[str, Path] = {}
-    for folder in folders:
-        try:
-            task = load_clawgym_task(folder, default_split=default_split, reward_timeout_s=reward_timeout_s)
-        except (ValueError, ValidationError, OSError) as exc:
-            problems.append(BrokenTask(path=folder, reason=str(exc)))
-            continue
-        if task.id in seen:
-            problems.append(BrokenTask(path=folder, reason=f"task_id {task.id!r} already used by {seen[task.id]}"))
-            continue
-        seen[task.id] = folder
-        tasks.append(task)
-    if not tasks:
-        raise ValueError(
-            f"no loadable ClawGym task under {root}"
-            + ("".join(f"\n  {p}" for p in problems) if problems else " (no task folders with data_entry.json)")
-        )
-    splits = tuple(dict.fromkeys(["train", "test", *(t.metadata["split"] for t in tasks)]))
-    return ImportedSuite(
-        name=name or suite_name_for(root, "ClawGym"),
-        tasks=tasks,
-        splits=splits,
-        source=root,
-        problems=problems,
-        description=f"ClawGym tasks imported from {root}",
+    return import_suite(
+        root,
+        folders,
+        lambda folder: load_clawgym_task(folder, default_split=default_split, reward_timeout_s=reward_timeout_s),
+        kind="ClawGym",
+        name=name,
+        empty_hint="no task folders with data_entry.json",
     )

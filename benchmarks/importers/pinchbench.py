@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.importers.common import BrokenTask, ImportedSuite, suite_name_for
+from benchmarks.importers.common import ImportedSuite, import_suite
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from clawgym_env.specs import TaskSpec, WorkspaceSpec, check_relative_path
 from verifiers.base import BaseVerifier, VerifierConfigError, host_workspace
@@ -277,34 +277,11 @@ def load_pinchbench_folder(
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder of PinchBench task files")
     files = sorted(p for p in root.glob("*.md") if p.stem.upper() not in ("TASK_TEMPLATE", "README"))
-    tasks: list[TaskSpec] = []
-    problems: list[BrokenTask] = []
-    seen: dict[str, Path] = {}
-    for file in files:
-        try:
-            task = parse_pinchbench_task(file, judge=judge, default_split=default_split)
-        except (ValueError, VerifierConfigError, OSError, UnicodeDecodeError) as exc:
-            problems.append(BrokenTask(path=file, reason=str(exc)))
-            continue
-        except Exception as exc:  # noqa: BLE001 - pydantic validation of odd field values
-            problems.append(BrokenTask(path=file, reason=f"{type(exc).__name__}: {exc}"))
-            continue
-        if task.id in seen:
-            problems.append(BrokenTask(path=file, reason=f"id {task.id!r} already used by {seen[task.id].name}"))
-            continue
-        seen[task.id] = file
-        tasks.append(task)
-    if not tasks:
-        raise ValueError(
-            f"no loadable PinchBench task under {root}"
-            + ("".join(f"\n  {p}" for p in problems) if problems else " (no *.md task files)")
-        )
-    splits = tuple(dict.fromkeys(["train", "test", *(t.metadata["split"] for t in tasks)]))
-    return ImportedSuite(
-        name=name or suite_name_for(root, "PinchBench"),
-        tasks=tasks,
-        splits=splits,
-        source=root,
-        problems=problems,
-        description=f"PinchBench tasks imported from {root}",
+    return import_suite(
+        root,
+        files,
+        lambda file: parse_pinchbench_task(file, judge=judge, default_split=default_split),
+        kind="PinchBench",
+        name=name,
+        empty_hint="no *.md task files",
     )
