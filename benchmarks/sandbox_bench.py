@@ -74,16 +74,19 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--pool", type=int, default=2, help="warm sandboxes kept ahead by the pooled backend")
     args = parser.parse_args()
     task = make_task()
-    async with LocalSandboxBackend() as backend:
-        print(f"local sandbox benchmark: limits via {backend.limit_mode}, {args.rounds} rounds, {args.concurrency} concurrent")
-        print(f"{'command':8} {'bare median':>12} {'sandbox median':>15} {'ratio':>6} {'bare/s':>8} {'sandboxes/s':>12}")
+    async with LocalSandboxBackend() as cold, LocalSandboxBackend(pool_size=args.pool) as pooled:
+        print(f"local sandbox benchmark: limits via {cold.limit_mode}, {args.rounds} rounds, {args.concurrency} concurrent; "
+              f"'pooled' keeps {args.pool} sandboxes started ahead")
+        print(f"{'command':8} {'backend':7} {'bare median':>12} {'sandbox median':>15} {'ratio':>6} {'bare/s':>8} {'sandboxes/s':>12}")
         for name, argv in COMMANDS.items():
             bare_median, bare_rate = await measure(lambda: bare_cycle(task, argv), args.rounds, args.concurrency)
-            box_median, box_rate = await measure(lambda: sandbox_cycle(backend, task, argv), args.rounds, args.concurrency)
-            print(f"{name:8} {bare_median * 1000:10.1f}ms {box_median * 1000:13.1f}ms {box_median / bare_median:5.2f}x "
-                  f"{bare_rate:8.1f} {box_rate:12.1f}")
+            for label, backend in (("cold", cold), ("pooled", pooled)):
+                box_median, box_rate = await measure(lambda: sandbox_cycle(backend, task, argv), args.rounds, args.concurrency)
+                print(f"{name:8} {label:7} {bare_median * 1000:10.1f}ms {box_median * 1000:13.1f}ms "
+                      f"{box_median / bare_median:5.2f}x {bare_rate:8.1f} {box_rate:12.1f}")
 
 
 if __name__ == "__main__":

@@ -152,7 +152,9 @@ class LocalSandboxBackend:
     Options: `root` (host folder of all sandbox dirs), `hidden_paths` (host paths to hide inside, e.g. run
     folders holding recorded calls), `ro_binds` ({host path: sandbox path}, e.g. a harness install),
     `limits` (defaults for every sandbox), `relay_port`, `env` (extra environment of every command),
-    `python` (interpreter for the init), `use_cgroups`, `bwrap`.
+    `python` (interpreter for the init), `use_cgroups`, `bwrap`, `pool_size` (sandboxes kept started
+    ahead per mount path, limits and proxy: `create` then only seeds the workspace of a warm one, which
+    hides the ~20-30 ms of bwrap + init + cgroup start-up; 0 = start each on demand).
     """
 
     name = "local"
@@ -169,6 +171,7 @@ class LocalSandboxBackend:
         python: str | None = None,
         use_cgroups: bool = True,
         bwrap: str = "bwrap",
+        pool_size: int = 0,
     ) -> None:
         self.bwrap = bwrap
         self.python = python or default_python()
@@ -182,7 +185,13 @@ class LocalSandboxBackend:
         self.relay_port = relay_port
         self.env = dict(env or {})
         self.use_cgroups = use_cgroups
+        if pool_size < 0:
+            raise ValueError(f"pool_size must be >= 0, got {pool_size}")
+        self.pool_size = pool_size
         self._sandboxes: set[LocalSandbox] = set()
+        # Warm pool: sandboxes started ahead with an empty workspace, per (mount path, limits, proxy).
+        self._pool: dict[tuple[str, str, str], list[LocalSandbox]] = {}
+        self._refills: dict[tuple[str, str, str], asyncio.Task[None]] = {}
 
     @property
     def limit_mode(self) -> str:
@@ -209,22 +218,63 @@ class LocalSandboxBackend:
                 "a unix_socket (ProxyEndpoint.unix_socket), since the sandbox has no network of its own"
             )
         limits = limits or self.limits
-        sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
-        host_dir = self.root / sandbox_id
-        workspace_dir = host_dir / "workspace"
-        workspace_dir.mkdir(parents=True)
-        sandbox = LocalSandbox(self, sandbox_id, host_dir, task.mount_path, limits, proxy)
-        self._sandboxes.add(sandbox)
+        warm = self._take_warm(task.mount_path, limits, proxy) if self.pool_size else None
+        sandbox = warm or self._new_sandbox(task.mount_path, limits, proxy)
         try:
+            # the workspace is a bound host folder, so a running (warm) sandbox sees it seeded too
             if task.workspace.function is not None or task.workspace.directory is not None:  # may be slow: off the loop
-                await asyncio.to_thread(materialize_workspace, task.workspace, workspace_dir)
+                await asyncio.to_thread(materialize_workspace, task.workspace, sandbox.workspace_dir)
             else:
-                materialize_workspace(task.workspace, workspace_dir)
-            await sandbox._start()
+                materialize_workspace(task.workspace, sandbox.workspace_dir)
+            if warm is None:
+                await sandbox._start()
+            else:
+                sandbox._restart_wall_clock()
         except BaseException:
             await sandbox.destroy()
             raise
         return sandbox
+
+    def _new_sandbox(self, mount_path: str, limits: SandboxLimits, proxy: ProxyEndpoint | None) -> LocalSandbox:
+        sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
+        host_dir = self.root / sandbox_id
+        (host_dir / "workspace").mkdir(parents=True)
+        sandbox = LocalSandbox(self, sandbox_id, host_dir, mount_path, limits, proxy)
+        self._sandboxes.add(sandbox)
+        return sandbox
+
+    # ------------------------------------------------------------------ warm pool
+    @staticmethod
+    def _pool_key(mount_path: str, limits: SandboxLimits, proxy: ProxyEndpoint | None) -> tuple[str, str, str]:
+        return mount_path, limits.model_dump_json(), str(proxy.unix_socket) if proxy is not None else ""
+
+    def _take_warm(self, mount_path: str, limits: SandboxLimits, proxy: ProxyEndpoint | None) -> LocalSandbox | None:
+        """A started sandbox with an empty workspace, if one is ready; always tops the pool up again."""
+        key = self._pool_key(mount_path, limits, proxy)
+        ready = self._pool.setdefault(key, [])
+        warm = None
+        while ready and warm is None:
+            candidate = ready.pop()
+            if candidate.alive:
+                warm = candidate
+            else:  # died while waiting (e.g. killed from outside): clean it up, try the next
+                asyncio.get_running_loop().create_task(candidate.destroy())
+        running = self._refills.get(key)
+        if running is None or running.done():
+            self._refills[key] = asyncio.get_running_loop().create_task(self._refill(key, mount_path, limits, proxy))
+        return warm
+
+    async def _refill(self, key: tuple[str, str, str], mount_path: str, limits: SandboxLimits,
+                      proxy: ProxyEndpoint | None) -> None:  # fmt: skip
+        ready = self._pool[key]
+        while len(ready) < self.pool_size:
+            sandbox = self._new_sandbox(mount_path, limits, proxy)
+            try:
+                await sandbox._start()
+            except Exception:  # noqa: BLE001 - the pool stays short; create() starts one on demand instead
+                await sandbox.destroy()
+                return
+            ready.append(sandbox)
 
     @contextlib.asynccontextmanager
     async def sandbox(self, task: TaskSpec, **kwargs: Any):  # -> AsyncIterator[LocalSandbox]
@@ -236,7 +286,12 @@ class LocalSandboxBackend:
             await asyncio.shield(box.destroy())
 
     async def aclose(self) -> None:
-        """Destroy every sandbox this backend made that is still alive."""
+        """Destroy every sandbox this backend made that is still alive (warm ones included)."""
+        for task in self._refills.values():
+            task.cancel()
+        await asyncio.gather(*self._refills.values(), return_exceptions=True)
+        self._refills.clear()
+        self._pool.clear()
         await asyncio.gather(*(s.destroy() for s in list(self._sandboxes)), return_exceptions=True)
 
     async def __aenter__(self) -> LocalSandboxBackend:
@@ -358,6 +413,18 @@ class LocalSandbox:
             raise SandboxError(f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}")
         self._reader = asyncio.create_task(self._read_control())
         self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
+
+    def _restart_wall_clock(self) -> None:
+        """A warm sandbox's wall-time limit counts from when a task takes it, not from its start."""
+        self._deadline = time.monotonic() + self.limits.wall_time_s
+        if self._wall_timer is not None:
+            self._wall_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
+
+    @property
+    def alive(self) -> bool:
+        return not self._destroyed and self._process is not None and self._process.returncode is None
 
     def _write_state(self) -> None:
         me = psutil.Process()
