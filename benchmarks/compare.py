@@ -24,13 +24,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
-from rich.console import Console, Group
+from rich.console import Console
 from rich.table import Table
 
-from benchmarks.evaluation import EvalReport, GroupStats, evaluate, fmt_mean_ci
+from benchmarks.evaluation import EvalReport, GroupStats, SavedReport, evaluate, fmt_mean_ci
 
 BASELINE = "baseline (start)"
 TRAINED_IN = "trained in {harness}"
@@ -80,8 +80,10 @@ class TrainingRun(BaseModel):
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
-class ComparisonReport(BaseModel):
+class ComparisonReport(SavedReport):
     """cells[policy label][harness] = held-out stats of that policy evaluated through that harness."""
+
+    FILES: ClassVar[tuple[str, str, str]] = ("comparison.json", "comparison.txt", "comparison.png")
 
     config: CompareConfig
     policies: list[str]
@@ -91,9 +93,6 @@ class ComparisonReport(BaseModel):
     evaluations: dict[str, str] = Field(default_factory=dict)  # policy label -> its results.json
     wall_s: float = 0.0
     out_dir: str | None = None
-    results_path: str | None = None
-    plot_path: str | None = None
-    table_path: str | None = None
 
     def table(self) -> Table:
         c = self.config
@@ -113,29 +112,11 @@ class ComparisonReport(BaseModel):
             table.add_row(label, *cells)
         return table
 
-    def console_print(self, console: Console | None = None) -> None:
-        (console or Console()).print(Group(self.table()))
+    def tables(self) -> list[Table]:
+        return [self.table()]
 
-    def text(self, width: int = 140) -> str:
-        from benchmarks.evaluation import _NullFile
-
-        console = Console(record=True, width=width, file=_NullFile())
-        self.console_print(console)
-        return console.export_text()
-
-    def save(self, directory: str | Path) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.results_path = str(directory / "comparison.json")
-        self.table_path = str(directory / "comparison.txt")
-        self.plot_path = str(plot_comparison(self, directory / "comparison.png"))
-        Path(self.table_path).write_text(self.text())
-        Path(self.results_path).write_text(self.model_dump_json(indent=1))
-        return Path(self.results_path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ComparisonReport:
-        return cls.model_validate_json(Path(path).read_text())
+    def _plot(self, path: Path) -> Path:
+        return plot_comparison(self, path)
 
 
 def plot_comparison(report: ComparisonReport, path: str | Path) -> Path:

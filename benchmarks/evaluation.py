@@ -29,7 +29,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -104,8 +104,53 @@ class EvalConfig(BaseModel):
     ci_method: str = CI_METHOD
 
 
-class EvalReport(BaseModel):
+class SavedReport(BaseModel):
+    """A report shown as rich tables and saved as JSON + plain-text tables + a plot (eval and comparison).
+
+    Subclasses say what to draw (`tables`, `_plot`) and the file names (`FILES`: json, text, plot).
+    """
+
+    FILES: ClassVar[tuple[str, str, str]] = ("results.json", "table.txt", "plot.png")
+    results_path: str | None = None
+    plot_path: str | None = None
+    table_path: str | None = None
+
+    def tables(self) -> list[Table]:
+        raise NotImplementedError
+
+    def _plot(self, path: Path) -> Path:
+        raise NotImplementedError
+
+    def console_print(self, console: Console | None = None) -> None:
+        (console or Console()).print(Group(*self.tables()))
+
+    def text(self, width: int = 140) -> str:
+        """The tables as plain text (what the text file holds)."""
+        console = Console(record=True, width=width, file=_NullFile())
+        self.console_print(console)
+        return console.export_text()
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the JSON, the text tables and the plot into `directory`; returns the JSON's path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        json_name, text_name, plot_name = self.FILES
+        self.results_path = str(directory / json_name)
+        self.table_path = str(directory / text_name)
+        self.plot_path = str(self._plot(directory / plot_name))
+        Path(self.table_path).write_text(self.text())
+        Path(self.results_path).write_text(self.model_dump_json(indent=1))
+        return Path(self.results_path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        return cls.model_validate_json(Path(path).read_text())
+
+
+class EvalReport(SavedReport):
     """Rows and aggregates of one evaluation; `results.json` is this model as JSON."""
+
+    FILES: ClassVar[tuple[str, str, str]] = ("results.json", "table.txt", "eval.png")
 
     config: EvalConfig
     rows: list[EvalRow]
@@ -116,38 +161,12 @@ class EvalReport(BaseModel):
     failure_reasons: dict[str, dict[str, int]] = Field(default_factory=dict)  # stage -> reason -> count
     wall_s: float = 0.0
     run_dir: str | None = None
-    results_path: str | None = None
-    plot_path: str | None = None
-    table_path: str | None = None
 
-    # -------------------------------------------------------------- rendering
     def tables(self) -> list[Table]:
         return [env_table(self), category_table(self), harness_table(self)]
 
-    def console_print(self, console: Console | None = None) -> None:
-        (console or Console()).print(Group(*self.tables()))
-
-    def text(self, width: int = 140) -> str:
-        """The tables as plain text (what `table.txt` holds)."""
-        console = Console(record=True, width=width, file=_NullFile())
-        self.console_print(console)
-        return console.export_text()
-
-    # -------------------------------------------------------------- files
-    def save(self, directory: str | Path) -> Path:
-        """Write results.json, table.txt and eval.png into `directory`; returns results.json's path."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.results_path = str(directory / "results.json")
-        self.table_path = str(directory / "table.txt")
-        self.plot_path = str(plot_report(self, directory / "eval.png"))
-        Path(self.table_path).write_text(self.text())
-        Path(self.results_path).write_text(self.model_dump_json(indent=1))
-        return Path(self.results_path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> EvalReport:
-        return cls.model_validate_json(Path(path).read_text())
+    def _plot(self, path: Path) -> Path:
+        return plot_report(self, path)
 
 
 class _NullFile:
