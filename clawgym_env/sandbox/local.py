@@ -118,7 +118,7 @@ def _probe(bwrap: str, python: str) -> str | None:
         )
     args = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
             "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--die-with-parent",
-            python, "-I", "-S", "-c", "pass"]
+            python, "-I", "-S", "-c", "import os; os.posix_spawn"]  # the init spawns commands with it (3.8+)
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -131,7 +131,7 @@ def _probe(bwrap: str, python: str) -> str | None:
         "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+) or "
         "`sysctl -w user.max_user_namespaces=15000`; inside Docker run the container with "
         "`--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (or --privileged). "
-        f"Also check that {python} runs (pass backend_options={{'python': ...}} otherwise)."
+        f"Also check that {python} runs and is Python 3.8 or newer (pass backend_options={{'python': ...}} otherwise)."
     )
 
 

@@ -93,36 +93,39 @@ def start_relay(port, target):
     _thread.start_new_thread(serve, ())
 
 
+def find_program(name, env):
+    """The file execvp would run for `name`, searched in the command's own PATH (not the init's)."""
+    if "/" in name:
+        return name
+    for folder in env.get("PATH", "/usr/bin:/bin").split(":"):
+        candidate = (folder or ".") + "/" + name
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    raise FileNotFoundError(2, "No such file or directory", name)
+
+
 def spawn(request, fds):
-    """fork + exec with the given pipe ends; exec errors come back over a close-on-exec pipe."""
-    err_read, err_write = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            for number in (_signal.SIGPIPE, _signal.SIGXFSZ):  # python ignores these; commands expect defaults
-                _signal.signal(number, _signal.SIG_DFL)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-            os.chdir(request["cwd"])
-            os.execvpe(request["argv"][0], request["argv"], request["env"])
-        except BaseException as exc:  # report any failure to the parent, then leave
-            os.write(err_write, ("%s: %s" % (type(exc).__name__, exc)).encode())
-        os._exit(127)
-    os.close(err_write)
-    for fd in fds:
-        os.close(fd)
-    error = b""
-    while True:
-        chunk = os.read(err_read, 4096)
-        if not chunk:
-            break
-        error += chunk
-    os.close(err_read)
-    if error:
-        os.waitpid(pid, 0)
-        send("error", request["id"], error.decode(errors="replace"))
+    """posix_spawn (vfork + exec: no copy of this interpreter's memory) with the given pipe ends as 0, 1, 2.
+
+    The received fds are close-on-exec (MSG_CMSG_CLOEXEC); dup2 onto 0-2 clears that flag on the copies
+    only. chdir happens here, before the spawn, since posix_spawn cannot; requests are handled one at a time.
+    Exec errors (missing program, no permission, bad cwd) come back as an "error" reply.
+    """
+    try:
+        os.chdir(request["cwd"])
+        argv, env = request["argv"], request["env"]
+        pid = os.posix_spawn(
+            find_program(argv[0], env), argv, env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+            setsid=True,  # own session and process group: killpg reaches everything it starts
+            setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # python ignores these; commands expect defaults
+        )
+    except OSError as exc:
+        send("error", request["id"], "%s: %s" % (type(exc).__name__, exc))
         return
+    finally:
+        for fd in fds:
+            os.close(fd)
     CHILDREN[request["id"]] = pid
     _thread.start_new_thread(wait_for, (request["id"], pid))
 
@@ -155,7 +158,7 @@ def main():
     send("ready", os.getpid())
     while True:
         try:
-            data, ancdata, _, _ = CONTROL.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4))
+            data, ancdata, _, _ = CONTROL.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
         except OSError:
             break
         if not data:
@@ -166,10 +169,7 @@ def main():
                 fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
         request = marshal.loads(data)
         if request["op"] == "exec":
-            try:
-                spawn(request, list(fds))
-            except OSError as exc:
-                send("error", request["id"], exc)
+            spawn(request, list(fds))
         elif request["op"] == "kill":
             kill(request["id"])
     for pid in list(CHILDREN.values()):

@@ -101,6 +101,26 @@ async def test_exec_argv_shell_cwd_env_stdin_and_exit_codes(backend: LocalSandbo
         assert len(big.stdout) == 2_000_000
         missing = await box.exec(["no-such-program"])
         assert missing.exit_code == 127 and "no-such-program" in missing.stderr
+        not_executable = await box.exec(["./f.txt"], cwd="sub")
+        assert not_executable.exit_code == 127 and "Permission denied" in not_executable.stderr
+        no_cwd = await box.exec(["true"], cwd="no-such-folder")
+        assert no_cwd.exit_code == 127 and "no-such-folder" in no_cwd.stderr
+        # the PATH searched is the command's own (per-call env), as execvp would
+        tool = "#!/bin/sh\necho from my tool\n"
+        await box.write_file("bin/mytool", tool)
+        await box.exec(["chmod", "+x", "bin/mytool"])
+        mine = await box.exec(["mytool"], env={"PATH": f"{box.workspace_path}/bin:/usr/bin:/bin"})
+        assert mine.stdout == "from my tool\n", mine
+
+
+async def test_a_command_holds_only_its_stdin_stdout_stderr(backend: LocalSandboxBackend) -> None:
+    # neither the control socket nor the pipe ends received by the init leak into commands
+    async with await backend.create(make_task()) as box:
+        listing = await box.exec(["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"])
+        assert listing.stdout.strip() == "['0', '1', '2', '3']"  # 3: the listing's own folder handle
+        groups = await box.exec("ps -o pid=,pgid=,sid= -p $$")  # own session and process group
+        pid, pgid, sid = groups.stdout.split()
+        assert pid == pgid == sid
 
 
 async def test_host_environment_does_not_leak_in(backend: LocalSandboxBackend, monkeypatch: pytest.MonkeyPatch) -> None:
