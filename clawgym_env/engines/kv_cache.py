@@ -52,10 +52,12 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    """An LRU of finished sequences' KV caches, looked up by longest common token prefix.
+    """An LRU of sequences' KV caches, looked up by longest common token prefix.
 
-    `take` removes the entry it returns (the caller extends it in place and `put`s the longer one
-    back), so an entry is never shared between two generations running at once.
+    Entries are shared: `take` returns a cropped view and leaves the entry in place, so the rollouts of
+    one group, which all start with the same long system prompt, prefill it once. That is safe because
+    nothing writes into a cached tensor: transformers' DynamicCache appends with `torch.cat` (new tensors)
+    and batching pads into new tensors.
     """
 
     def __init__(self, max_entries: int = 8) -> None:
@@ -84,16 +86,21 @@ class PrefixCache:
             reuse = min(best_len, len(prompt) - 1)
             if best_key is None or reuse <= 0:
                 return 0, None
-            _, kv = self._entries.pop(best_key)
+            self._entries.move_to_end(best_key)
+            kv = self._entries[best_key][1]
             self.stats.hits += 1
             self.stats.reused_tokens += reuse
         return reuse, crop(kv, reuse)
 
     def put(self, tokens: list[int], kv: KV) -> None:
+        """Store `kv` (covering `tokens`); an entry that is a prefix of `tokens` is replaced by it."""
         if self.max_entries <= 0 or not tokens:
             return
+        new = torch.tensor(tokens, dtype=torch.long)
         with self._lock:
-            self._entries[self._next_key] = (torch.tensor(tokens, dtype=torch.long), kv)
+            for key in [k for k, (t, _) in self._entries.items() if t.numel() <= new.numel() and common_prefix_len(t, new) == t.numel()]:
+                del self._entries[key]  # the longer sequence serves every lookup the shorter one did
+            self._entries[self._next_key] = (new, kv)
             self._next_key += 1
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)

@@ -398,6 +398,8 @@ class TransformersEngine:
         req.out_ids.append(token)
         req.out_lps.append(logprob)
         row_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        if len(new) > 1:  # concurrent rollouts of a group share this prompt's prefix: offer it now
+            self.prefix_cache.put(req.prompt, row_kv)
         reason = self._end_reason(req)
         if reason is not None:
             self._done(req, reason, row_kv)

@@ -109,6 +109,23 @@ async def test_prefix_cache_reuse_gives_the_same_results(tiny_model, qwen_tok, c
     uncached.close()
 
 
+async def test_concurrent_requests_share_a_common_prompt_prefix(tiny_model, qwen_tok, chat_prompt):
+    """A group's rollouts start together with one system prompt: it is prefilled once, not per rollout."""
+    cached = TransformersEngine(tiny_model, qwen_tok)
+    uncached = TransformersEngine(tiny_model, qwen_tok, prefix_cache_entries=0)
+    prompts = [chat_prompt + qwen_tok.encode(f"task {i}<|im_end|>\n<|im_start|>assistant\n") for i in range(4)]
+    s = [SamplingParams(max_tokens=6, seed=i) for i in range(4)]
+    got = await asyncio.gather(*(cached.generate(p, x) for p, x in zip(prompts, s)))
+    want = await asyncio.gather(*(uncached.generate(p, x) for p, x in zip(prompts, s)))
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert cached.prefix_cache.stats.hits >= 3
+    assert cached.stats.prefill_tokens < len(prompts[0]) + 3 * (len(prompts[0]) - len(chat_prompt) + 2)
+    cached.close()
+    uncached.close()
+
+
 async def test_update_weights_changes_outputs_and_bumps_version(tiny_model, qwen_tok, chat_prompt):
     import copy
 
