@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 import weakref
@@ -141,6 +142,8 @@ _LIVE: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
 
 @atexit.register
 def _destroy_all_at_exit() -> None:
+    """Kill and remove every sandbox not yet removed, including those whose background removal was cut
+    short when the event loop closed."""
     for sandbox in list(_LIVE):
         sandbox.destroy_now()
 
@@ -232,6 +235,7 @@ class LocalSandboxBackend:
                 sandbox._restart_wall_clock()
         except BaseException:
             await sandbox.destroy()
+            await sandbox.wait_removed()  # a failed create leaves nothing behind when it raises
             raise
         return sandbox
 
@@ -241,6 +245,7 @@ class LocalSandboxBackend:
         (host_dir / "workspace").mkdir(parents=True)
         sandbox = LocalSandbox(self, sandbox_id, host_dir, mount_path, limits, proxy)
         self._sandboxes.add(sandbox)
+        _LIVE.add(sandbox)
         return sandbox
 
     # ------------------------------------------------------------------ warm pool
@@ -293,6 +298,11 @@ class LocalSandboxBackend:
         self._refills.clear()
         self._pool.clear()
         await asyncio.gather(*(s.destroy() for s in list(self._sandboxes)), return_exceptions=True)
+        await self.wait_removed()
+
+    async def wait_removed(self) -> None:
+        """Wait until every destroyed sandbox's processes are reaped and its cgroup and folder removed."""
+        await asyncio.gather(*(s.wait_removed() for s in list(self._sandboxes)), return_exceptions=True)
 
     async def __aenter__(self) -> LocalSandboxBackend:
         return self
@@ -338,6 +348,9 @@ class LocalSandbox:
         self._deadline = time.monotonic() + limits.wall_time_s
         self._wall_timer: asyncio.TimerHandle | None = None
         self._destroyed = False
+        self._removal: asyncio.Task[None] | None = None  # reaping + host clean-up after destroy()
+        self._removed = False
+        self._remove_lock = threading.Lock()
         self._gone_reason: str | None = None
         self._stderr_path = host_dir / "init.stderr"
 
@@ -400,7 +413,6 @@ class LocalSandbox:
                 pass_fds=[init_end.fileno()], start_new_session=True,
             )
         init_end.close()
-        _LIVE.add(self)
         self._write_state()
         host_end.setblocking(False)
         loop = asyncio.get_running_loop()
@@ -670,7 +682,14 @@ class LocalSandbox:
 
     # ------------------------------------------------------------------ lifecycle
     async def destroy(self) -> None:
-        """Kill everything in the sandbox and remove its host folder. Safe to call twice."""
+        """Kill everything in the sandbox; safe to call twice.
+
+        Returns once SIGKILL is sent: nothing in the sandbox runs on, its control socket is closed and the
+        sandbox refuses further use. Reaping its processes and removing its cgroup and host folder (~5-25 ms,
+        mostly waiting for the kernel to tear the namespaces down) continue in the background:
+        `wait_removed()` waits for that, `backend.aclose()` waits for all of them, and at interpreter exit
+        (or if the event loop closes first) the atexit hook finishes any removal still pending.
+        """
         if self._destroyed:
             return
         self._destroyed = True
@@ -682,37 +701,54 @@ class LocalSandbox:
             # steal the messages of the next sandbox that gets the same number
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        self._kill_and_forget()
-        if self._process is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._process.wait(), 10)
-        await asyncio.to_thread(self._remove_host_state)
-        self._backend._sandboxes.discard(self)
+        self._kill()
+        self._removal = asyncio.get_running_loop().create_task(self._remove())
+
+    async def wait_removed(self) -> None:
+        """Wait until a destroyed sandbox's processes are reaped and its cgroup and host folder are gone."""
+        if self._removal is not None:
+            await asyncio.shield(self._removal)
+
+    async def _remove(self) -> None:
+        try:
+            if self._process is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._process.wait(), 10)
+            await asyncio.to_thread(self._remove_host_state)
+        finally:
+            # also when cancelled (the event loop is closing): finish here rather than leave it for atexit
+            if not self._removed:
+                self._remove_host_state()
+            self._backend._sandboxes.discard(self)
 
     def destroy_now(self) -> None:
-        """Synchronous destroy for interpreter exit (no event loop)."""
-        if self._destroyed:
+        """Synchronous destroy for interpreter exit (no event loop); also finishes a pending removal."""
+        if self._removed:
             return
         self._destroyed = True
-        self._kill_and_forget()
+        self._kill()
         if self._process is not None:
             with contextlib.suppress(Exception):
                 os.waitpid(self._process.pid, 0)
         self._remove_host_state()
 
-    def _kill_and_forget(self) -> None:
+    def _kill(self) -> None:
         if self._control is not None:
             with contextlib.suppress(OSError):
                 self._control.close()
         if self._process is not None and self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, signal.SIGKILL)
-        _LIVE.discard(self)
 
     def _remove_host_state(self) -> None:
-        if self._cgroup is not None:
-            self._cgroup.remove()
-        remove_tree(self.host_dir)
+        with self._remove_lock:  # the background thread and an exit-time call may race
+            if self._removed:
+                return
+            if self._cgroup is not None:
+                self._cgroup.remove()
+            remove_tree(self.host_dir)
+            self._removed = True
+            _LIVE.discard(self)
 
     async def __aenter__(self) -> LocalSandbox:
         return self

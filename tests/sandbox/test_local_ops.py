@@ -169,17 +169,25 @@ async def test_symlinks_made_inside_are_not_followed_by_host_file_access(backend
         assert not (tmp_path / "new.txt").exists()
 
 
+def _running_commands(marker: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+
 async def test_destroy_is_idempotent_and_removes_everything(backend: LocalSandboxBackend) -> None:
     box = await backend.create(make_task({"a.txt": "a"}))
-    await box.exec("sleep 30 >/dev/null 2>&1 &")
+    await box.exec("sleep 30.25 >/dev/null 2>&1 &")
+    assert len(_running_commands("sleep 30.25")) == 1
     bwrap_pid = box._process.pid
     assert box.host_dir.exists()
+    await box.destroy()  # returns once everything is killed; reaping and removal go on in the background
     await box.destroy()
-    await box.destroy()
-    assert not box.host_dir.exists()
-    assert not _running(bwrap_pid)
     with pytest.raises(SandboxError, match="destroyed"):
         await box.exec("true")
+    await box.wait_removed()
+    assert not box.host_dir.exists()
+    assert not _running(bwrap_pid)
+    assert _running_commands("sleep 30.25") == []
 
 
 async def test_destroyed_when_the_body_raises(backend: LocalSandboxBackend) -> None:
@@ -187,6 +195,7 @@ async def test_destroyed_when_the_body_raises(backend: LocalSandboxBackend) -> N
         async with backend.sandbox(make_task()) as box:
             host_dir = box.host_dir
             raise RuntimeError("boom")
+    await backend.wait_removed()
     assert not host_dir.exists()
 
 
@@ -205,6 +214,7 @@ async def test_destroyed_when_cancelled(backend: LocalSandboxBackend) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    await created[0].wait_removed()
     assert not created[0].host_dir.exists()
 
 
@@ -267,6 +277,22 @@ def test_process_exit_destroys_sandboxes(sandbox_root: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     box_id, _ = done.stdout.split()
     assert not (sandbox_root / box_id).exists()
+
+
+SCRIPT_THAT_EXITS_WHILE_REMOVING = SCRIPT_THAT_CRASHES.replace(
+    "os._exit(1)  # a crash: no atexit, no destroy",
+    "await box.exec('sleep 30.75 >/dev/null 2>&1 &')\n    await box.destroy()\n    assert box.host_dir.exists()",
+)  # then asyncio.run cancels the background removal and the interpreter exits
+
+
+def test_exit_right_after_destroy_still_removes_everything(sandbox_root: Path) -> None:
+    repo = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", SCRIPT_THAT_EXITS_WHILE_REMOVING.format(repo=repo, root=str(sandbox_root))],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    box_id, bwrap_pid = done.stdout.split()
+    assert not (sandbox_root / box_id).exists()
+    assert not _running(int(bwrap_pid)) and _running_commands("sleep 30.75") == []
 
 
 def test_missing_bubblewrap_is_a_clear_error(tmp_path: Path) -> None:
