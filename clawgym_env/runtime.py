@@ -27,15 +27,26 @@ def default_run_dir() -> Path:
 
 
 class FailureCounter:
-    """Every failure counted and visible: `{stage: {reason: count}}`, thread-safe."""
+    """Every failure counted and visible: `{stage: {reason: count}}`, thread-safe.
 
-    def __init__(self) -> None:
+    Reasons can name a rollout (an exception's text), so each stage keeps at most `max_reasons` distinct
+    ones; later new reasons are counted under `OTHER`: the table stays bounded over millions of rollouts.
+    """
+
+    OTHER = "(other reasons)"
+
+    def __init__(self, max_reasons: int = 256) -> None:
         self._lock = threading.Lock()
+        self.max_reasons = max_reasons
         self.counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 
     def add(self, stage: str, reason: str) -> None:
+        reason = reason.split("\n", 1)[0][:120]
         with self._lock:
-            self.counts[stage][reason.split("\n", 1)[0][:120]] += 1
+            counter = self.counts[stage]
+            if reason not in counter and len(counter) >= self.max_reasons:
+                reason = self.OTHER
+            counter[reason] += 1
 
     def total(self) -> int:
         with self._lock:

@@ -21,6 +21,7 @@ import secrets
 import socket
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ class ServingProxy:
 
     run_dir: where the run's call log (`calls.jsonl`) goes. unix_socket: "auto" (a fresh private folder),
     a path, or None. port: None (no TCP), 0 (any free port) or a port on `host` (loopback by default).
+    keep_closed: how many closed rollouts' `RolloutStats` stay readable (and their routes answer 410); older
+    ones are dropped, so a proxy serving millions of rollouts holds nothing per finished rollout beyond this.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class ServingProxy:
         public_url: str | None = None,
         engine_timeout_s: float = 600.0,
         fsync: bool = False,
+        keep_closed: int = 1024,
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("ServingProxy needs somewhere to listen: a unix_socket path (or 'auto') and/or a port")
@@ -105,7 +109,9 @@ class ServingProxy:
         self.engine_timeout_s = engine_timeout_s
         self.endpoint = ProxyEndpoint(host=host, port=port, public_url=public_url)
         self._rollouts: dict[str, RolloutState] = {}
-        self._closed: dict[str, RolloutStats] = {}
+        self.keep_closed = keep_closed
+        self._closed: OrderedDict[str, RolloutStats] = OrderedDict()  # the latest `keep_closed` closed rollouts
+        self.closed_count = 0  # every rollout ever closed on this proxy (a counter, not a table)
         self._log: CallLog | None = None
         self._server: _EmbeddedServer | None = None
         self._serve_task: asyncio.Task[None] | None = None
@@ -227,16 +233,27 @@ class ServingProxy:
             raise KeyError(f"rollout {rollout_id!r} is not open on this proxy")
         state.closed = True
         state.stats.closed = True
+        self.closed_count += 1
         self._closed[rollout_id] = state.stats
+        while len(self._closed) > self.keep_closed:
+            self._closed.popitem(last=False)
         return sorted(state.calls, key=lambda c: c.call_index)
 
     def stats(self, rollout_id: str) -> RolloutStats:
+        """An open rollout's stats, or a closed one's while it is among the latest `keep_closed` closed."""
         state = self._rollouts.get(rollout_id)
         if state is not None:
             return state.stats.model_copy(deep=True)
         if rollout_id in self._closed:
             return self._closed[rollout_id].model_copy(deep=True)
-        raise KeyError(f"rollout {rollout_id!r} is unknown to this proxy")
+        raise KeyError(
+            f"rollout {rollout_id!r} is unknown to this proxy (closed rollouts' stats are kept for the latest "
+            f"{self.keep_closed} only: read them right after close_rollout)"
+        )
+
+    def table_sizes(self) -> dict[str, int]:
+        """How many entries the proxy's per-rollout tables hold now (for leak checks and monitoring)."""
+        return {"open": len(self._rollouts), "closed_stats": len(self._closed)}
 
     def limits(self, rollout_id: str) -> RolloutLimits:
         """The limits an open rollout runs under (in-process loops enforce them themselves)."""
@@ -538,7 +555,7 @@ class ServingProxy:
 
         @app.get("/health")
         async def health() -> Response:
-            return _json({"status": "ok", "open_rollouts": len(self._rollouts)})
+            return _json({"status": "ok", "open_rollouts": len(self._rollouts), "closed_rollouts": self.closed_count})
 
         def openapi() -> dict[str, Any]:
             if app.openapi_schema is None:

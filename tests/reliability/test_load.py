@@ -9,13 +9,28 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.load_test import run_load
+from clawgym_env.runtime import FailureCounter
 
 
 def test_64_concurrent_rollouts_once(tmp_path):
-    report = run_load(concurrency=64, duration_s=120, max_rollouts=64, work_dir=tmp_path)
+    report = run_load(concurrency=64, duration_s=120, max_rollouts=64, work_dir=tmp_path, keep_closed=16)
     assert (report["rollouts"], report["ok"], report["errors"], report["failures"]) == (64, 64, 0, {})
     assert report["calls"] == 128  # every rollout: the write tool call and the final answer
     assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
+    # what stays once all 64 are done (issue #9): no open route, closed stats only up to the bound, no task
+    assert report["proxy_tables_end"] == {"open": 0, "closed_stats": 16}
+    assert report["loop_tasks_left"] == 0
+
+
+def test_failure_table_stays_bounded_when_reasons_name_rollouts():
+    failures = FailureCounter(max_reasons=4)
+    for i in range(100):
+        failures.add("harness", f"HarnessError: rollout r{i} exited with code -11\ntraceback ...")
+    failures.add("timeout", "harness ran past its 120 s limit")
+    counts = failures.as_dict()
+    assert len(counts["harness"]) == 5 and counts["harness"][FailureCounter.OTHER] == 96
+    assert counts["harness"]["HarnessError: rollout r0 exited with code -11"] == 1
+    assert failures.total() == 101 and counts["timeout"] == {"harness ran past its 120 s limit": 1}
 
 
 @pytest.mark.slow
