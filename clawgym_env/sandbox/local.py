@@ -21,7 +21,7 @@ import atexit
 import contextlib
 import itertools
 import json
-import marshal
+import logging
 import os
 import sys
 import posixpath
@@ -43,12 +43,15 @@ import psutil
 
 from clawgym_env.interfaces import ExecResult, ProxyEndpoint, SandboxLimits, SandboxUnavailable
 from clawgym_env.sandbox.cgroups import SandboxCgroup
+from clawgym_env.sandbox.native_init import build_init
 from clawgym_env.sandbox.workspace import materialize_workspace
 
 if TYPE_CHECKING:
     from clawgym_env.specs import TaskSpec
 
 INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
+INIT_INSIDE = "/run/clawgym/init"  # where the compiled C init is bound read-only
+MAX_REQUEST = 1 << 20  # the inits read requests into a buffer of this size
 PROXY_SOCKET_INSIDE = "/run/clawgym/proxy.sock"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh tmpfs in every sandbox
@@ -57,6 +60,7 @@ OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers s
 DISK_CHECK_INTERVAL_S = 1.0
 DISK_HINTS = ("File too large", "File size limit exceeded", "No space left on device")
 MEMORY_HINTS = ("MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc", "heap out of memory")
+log = logging.getLogger(__name__)
 
 
 class SandboxError(RuntimeError):
@@ -155,9 +159,12 @@ class LocalSandboxBackend:
     Options: `root` (host folder of all sandbox dirs), `hidden_paths` (host paths to hide inside, e.g. run
     folders holding recorded calls), `ro_binds` ({host path: sandbox path}, e.g. a harness install),
     `limits` (defaults for every sandbox), `relay_port`, `env` (extra environment of every command),
-    `python` (interpreter for the init), `use_cgroups`, `bwrap`, `pool_size` (sandboxes kept started
+    `python` (interpreter for the Python init), `use_cgroups`, `bwrap`, `pool_size` (sandboxes kept started
     ahead per mount path, limits and proxy: `create` then only seeds the workspace of a warm one, which
-    hides the ~20-30 ms of bwrap + init + cgroup start-up; 0 = start each on demand).
+    hides the ~20-30 ms of bwrap + init + cgroup start-up; 0 = start each on demand), `init` ("auto": the
+    C init, built once with the machine's C compiler, else the Python one with a logged warning; "c":
+    the C init or SandboxUnavailable; "python"; default: $CLAWGYM_SANDBOX_INIT, else "auto").
+    `init_kind` says which one runs.
     """
 
     name = "local"
@@ -175,6 +182,7 @@ class LocalSandboxBackend:
         use_cgroups: bool = True,
         bwrap: str = "bwrap",
         pool_size: int = 0,
+        init: str | None = None,
     ) -> None:
         self.bwrap = bwrap
         self.python = python or default_python()
@@ -191,10 +199,16 @@ class LocalSandboxBackend:
         if pool_size < 0:
             raise ValueError(f"pool_size must be >= 0, got {pool_size}")
         self.pool_size = pool_size
+        self.init_binary = _choose_init(init or os.environ.get("CLAWGYM_SANDBOX_INIT") or "auto")
         self._sandboxes: set[LocalSandbox] = set()
         # Warm pool: sandboxes started ahead with an empty workspace, per (mount path, limits, proxy).
         self._pool: dict[tuple[str, str, str], list[LocalSandbox]] = {}
         self._refills: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+
+    @property
+    def init_kind(self) -> str:
+        """'c' (the compiled init) or 'python' (sandbox_init.py run by `python`)."""
+        return "c" if self.init_binary is not None else "python"
 
     @property
     def limit_mode(self) -> str:
@@ -311,6 +325,21 @@ class LocalSandboxBackend:
         await self.aclose()
 
 
+def _choose_init(init: str) -> Path | None:
+    """The C init binary for "auto"/"c", or None for the Python init."""
+    if init not in ("auto", "c", "python"):
+        raise ValueError(f"init must be 'auto', 'c' or 'python', got {init!r}")
+    if init == "python":
+        return None
+    try:
+        return build_init()
+    except RuntimeError as exc:
+        if init == "c":
+            raise SandboxUnavailable(f"the C sandbox init is not available: {exc}") from None
+        log.warning("using the Python sandbox init (each sandbox start ~15 ms slower): %s", exc)
+        return None
+
+
 def _absolute_inside(path: str, what: str) -> str:
     normal = posixpath.normpath(path)
     if not posixpath.isabs(normal) or normal == "/":
@@ -376,9 +405,11 @@ class LocalSandbox:
             args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         if self._proxy is not None and self._proxy.unix_socket is not None:
             args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
+        if b.init_binary is not None:
+            args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
         args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
-        args += [b.python, "-I", "-S", "-c", INIT_SOURCE, str(init_fd), marshal.dumps(self._init_config(), 4).hex()]
-        return args
+        init = [INIT_INSIDE] if b.init_binary is not None else [b.python, "-I", "-S", "-c", INIT_SOURCE]
+        return args + init + [str(init_fd), *self._init_args()]
 
     def _visible_inside(self, path: Path) -> bool:
         """Whether a host path would be visible inside without hiding (the root minus the private dirs,
@@ -388,15 +419,16 @@ class LocalSandbox:
             return True
         return not any(_is_under(str(path), p) for p in PRIVATE_DIRS)
 
-    def _init_config(self) -> dict[str, Any]:
+    def _init_args(self) -> list[str]:
+        """The init's arguments after the control fd: rlimits, then the relay's port and socket if any."""
         mb = 1024 * 1024
-        rlimits = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": self.limits.workspace_mb * mb, "RLIMIT_NPROC": self.limits.max_processes}
+        rlimits = {"core": 0, "fsize": self.limits.workspace_mb * mb, "nproc": self.limits.max_processes}
         if self._cgroup is None:  # no cgroup: cap each process's writable memory instead
-            rlimits["RLIMIT_DATA"] = self.limits.memory_mb * mb
-        config: dict[str, Any] = {"rlimits": rlimits}
+            rlimits["data"] = self.limits.memory_mb * mb
+        args = [",".join(f"{name}={value}" for name, value in rlimits.items())]
         if self._proxy is not None:
-            config["relay"] = {"port": self._backend.relay_port, "socket": PROXY_SOCKET_INSIDE}
-        return config
+            args += [str(self._backend.relay_port), PROXY_SOCKET_INSIDE]
+        return args
 
     async def _start(self) -> None:
         if self._backend.use_cgroups:
@@ -516,11 +548,8 @@ class LocalSandbox:
             if not argv:
                 raise ValueError("exec needs a non-empty command")
         request_id = next(self._ids)
-        request = {
-            "op": "exec", "id": request_id, "argv": argv,
-            "cwd": posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
-            "env": self._command_env(env),
-        }
+        request = _exec_request(request_id, posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
+                                argv, self._command_env(env))
         wall_left = self._deadline - time.monotonic()
         budget = min(timeout_s, wall_left) if timeout_s is not None else wall_left
         reason_if_late = "timeout" if timeout_s is not None and timeout_s <= wall_left else "wall_time"
@@ -539,7 +568,7 @@ class LocalSandbox:
         try:
             assert self._control is not None
             self._control.sendmsg(
-                [marshal.dumps(request, 4)],
+                [request],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [in_read, out_write, err_write]))],
             )
         except OSError as exc:
@@ -614,7 +643,7 @@ class LocalSandbox:
 
     def _send_kill(self, request_id: int) -> None:
         with contextlib.suppress(OSError, AttributeError):
-            self._control.send(marshal.dumps({"op": "kill", "id": request_id}, 4))  # type: ignore[union-attr]
+            self._control.send(b"kill\0%d" % request_id)  # type: ignore[union-attr]
 
     def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         merged = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "TMPDIR": "/tmp",
@@ -761,6 +790,21 @@ class LocalSandbox:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def _exec_request(request_id: int, cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> bytes:
+    """'exec\\0<id>\\0<cwd>\\0<argc>\\0<argv...>\\0<NAME=value...>', the inits' request format."""
+    fields = [b"exec", str(request_id).encode(), os.fsencode(cwd), str(len(argv)).encode(), *map(os.fsencode, argv)]
+    for name, value in env.items():
+        if "=" in name or not name:
+            raise ValueError(f"invalid environment variable name {name!r}")
+        fields.append(os.fsencode(f"{name}={value}"))
+    if any(b"\0" in field for field in fields):
+        raise ValueError("the command, its folder and its environment must not contain NUL characters")
+    request = b"\0".join(fields)
+    if len(request) >= MAX_REQUEST:
+        raise ValueError(f"command and environment too large ({len(request)} bytes, at most {MAX_REQUEST - 1})")
+    return request
+
+
 def _parse_reply(data: bytes) -> dict[str, Any]:
     """The init's one-line replies: 'exit <id> <code> <signal>' or 'error <id> <message>'."""
     words = data.decode(errors="replace").split(" ", 2)

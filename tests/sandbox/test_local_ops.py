@@ -20,6 +20,8 @@ from clawgym_env.sandbox.local import LocalSandboxBackend, SandboxError, reap_le
 from clawgym_env.specs import WorkspaceSpec
 from tests.sandbox.conftest import make_task
 
+pytestmark = pytest.mark.usefixtures("sandbox_init")  # every test with the C and the Python init
+
 
 def _running(pid: int) -> bool:
     """True if the process exists and is not a zombie waiting for a parent that is gone."""

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from clawgym_env.interfaces import SandboxLimits
 from clawgym_env.sandbox.local import LocalSandboxBackend
 from tests.sandbox.conftest import make_task
+
+pytestmark = pytest.mark.usefixtures("sandbox_init")  # every test with the C and the Python init
 
 
 async def _wait_warm(backend: LocalSandboxBackend, count: int) -> None:

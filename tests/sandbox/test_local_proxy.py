@@ -13,6 +13,8 @@ from clawgym_env.interfaces import ProxyEndpoint
 from clawgym_env.sandbox.local import LocalSandboxBackend
 from tests.sandbox.conftest import make_task
 
+pytestmark = pytest.mark.usefixtures("sandbox_init")  # every test with the C and the Python init
+
 CONNECT = """
 import socket, sys
 try:

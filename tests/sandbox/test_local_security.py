@@ -16,6 +16,8 @@ from clawgym_env.sandbox.workspace import WorkspacePathError
 from clawgym_env.specs import WorkspaceSpec
 from tests.sandbox.conftest import make_task
 
+pytestmark = pytest.mark.usefixtures("sandbox_init")  # every test with the C and the Python init
+
 CONNECT = """
 import socket, sys
 host, port = sys.argv[1], int(sys.argv[2])
