@@ -1,14 +1,20 @@
 """Local sandbox cost: create + seed + exec + destroy, against a bare subprocess in a temporary folder.
 
 Run: .venv/bin/python -m benchmarks.sandbox_bench [--rounds 30] [--concurrency 8]
-Prints, for each command, the median of one full cycle for both, the ratio, and sandboxes per second with
-N concurrent cycles. Targets (docs/sandbox.md): ratio < 3x, >= 10 sandboxes/s on a 2-core machine.
+Prints, for each command and each backend set-up (C or Python init, started on demand or from a warm
+pool), the median of one full cycle, the ratio to the bare cycle, and cycles per second with N concurrent.
+`destroy()` returns once the sandbox is killed and removes its folder in the background, so two medians
+are shown: until `destroy()` returns (what a rollout waits for) and until the removal is done too
+(`wait_removed()`, the like of the bare cycle's rmtree). Sandboxes per second count every removal: the
+clock stops only once all are removed. The load average is printed: the machine is shared.
+Targets (docs/sandbox.md): ratio < 3x, >= 10 sandboxes/s on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import tempfile
@@ -44,21 +50,27 @@ async def bare_cycle(task: TaskSpec, argv: list[str]) -> None:
         shutil.rmtree(folder)
 
 
-async def sandbox_cycle(backend: LocalSandboxBackend, task: TaskSpec, argv: list[str]) -> None:
+async def sandbox_cycle(backend: LocalSandboxBackend, task: TaskSpec, argv: list[str], removed: bool) -> None:
     async with await backend.create(task) as box:
         result = await box.exec(argv)
         assert result.exit_code == 0, result.stderr
+    if removed:
+        await box.wait_removed()
 
 
-async def measure(cycle, rounds: int, concurrency: int) -> tuple[float, float]:
-    """(median seconds of one cycle run alone, cycles per second with `concurrency` at once)."""
+async def median_of(cycle, rounds: int) -> float:
+    """Median seconds of one cycle run alone."""
     await cycle()  # warm up
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         await cycle()
         times.append(time.perf_counter() - start)
-    total = rounds * 2
+    return statistics.median(times)
+
+
+async def rate_of(cycle, total: int, concurrency: int, settle=None) -> float:
+    """Cycles per second with `concurrency` at once; `settle` (awaited inside the timing) finishes late work."""
     semaphore = asyncio.Semaphore(concurrency)
 
     async def limited() -> None:
@@ -67,26 +79,50 @@ async def measure(cycle, rounds: int, concurrency: int) -> tuple[float, float]:
 
     start = time.perf_counter()
     await asyncio.gather(*(limited() for _ in range(total)))
-    return statistics.median(times), total / (time.perf_counter() - start)
+    if settle is not None:
+        await settle()
+    return total / (time.perf_counter() - start)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--pool", type=int, default=2, help="warm sandboxes kept ahead by the pooled backend")
+    parser.add_argument("--pool", type=int, default=2, help="warm sandboxes kept ahead by the pooled backends")
+    parser.add_argument("--inits", default="c,python", help="sandbox inits to compare (c, python)")
     args = parser.parse_args()
     task = make_task()
-    async with LocalSandboxBackend() as cold, LocalSandboxBackend(pool_size=args.pool) as pooled:
-        print(f"local sandbox benchmark: limits via {cold.limit_mode}, {args.rounds} rounds, {args.concurrency} concurrent; "
-              f"'pooled' keeps {args.pool} sandboxes started ahead")
-        print(f"{'command':8} {'backend':7} {'bare median':>12} {'sandbox median':>15} {'ratio':>6} {'bare/s':>8} {'sandboxes/s':>12}")
+    setups = [(f"{init} {'pooled' if pool else 'cold'}", {"init": init, "pool_size": pool})
+              for init in args.inits.split(",") for pool in (0, args.pool)]
+    backends = [(label, LocalSandboxBackend(**options)) for label, options in setups]
+    print(f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} rounds, "
+          f"{args.concurrency} concurrent, pools of {args.pool}; load average before: {load()}")
+    print(f"{'command':8} {'sandbox':10} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
+          f"{'bare/s':>7} {'sandboxes/s':>11}")
+    try:
         for name, argv in COMMANDS.items():
-            bare_median, bare_rate = await measure(lambda: bare_cycle(task, argv), args.rounds, args.concurrency)
-            for label, backend in (("cold", cold), ("pooled", pooled)):
-                box_median, box_rate = await measure(lambda: sandbox_cycle(backend, task, argv), args.rounds, args.concurrency)
-                print(f"{name:8} {label:7} {bare_median * 1000:10.1f}ms {box_median * 1000:13.1f}ms "
-                      f"{box_median / bare_median:5.2f}x {bare_rate:8.1f} {box_rate:12.1f}")
+            bare_median = await median_of(lambda: bare_cycle(task, argv), args.rounds)
+            bare_rate = await rate_of(lambda: bare_cycle(task, argv), args.rounds * 2, args.concurrency)
+            for label, backend in backends:
+                box_median = await median_of(lambda: sandbox_cycle(backend, task, argv, False), args.rounds)
+                await backend.wait_removed()
+                full_median = await median_of(lambda: sandbox_cycle(backend, task, argv, True), args.rounds)
+                box_rate = await rate_of(lambda: sandbox_cycle(backend, task, argv, False), args.rounds * 2,
+                                         args.concurrency, settle=backend.wait_removed)
+                print(f"{name:8} {label:13} {ms(bare_median)} {ms(box_median, 8)} {box_median / bare_median:5.2f}x "
+                      f"{ms(full_median, 9)} {full_median / bare_median:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}")
+    finally:
+        for _, backend in backends:
+            await backend.aclose()
+    print(f"load average after: {load()}")
+
+
+def ms(seconds: float, width: int = 7) -> str:
+    return f"{seconds * 1000:{width - 2}.1f}ms"
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

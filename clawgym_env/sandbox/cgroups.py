@@ -106,9 +106,11 @@ class SandboxCgroup:
         return _read_counter(self.pids_dir / "pids.events", "max")
 
     def remove(self) -> None:
-        """Remove the folders (the kernel refuses while a process is still in them, so retry briefly)."""
+        """Remove the folders. The kernel refuses while a killed process is still exiting (usually well
+        under a millisecond), so retry, with waits growing from 0.25 ms to 20 ms, for up to ~1 s."""
         for d in self.dirs:
-            for _ in range(50):
+            wait = 0.00025
+            for _ in range(60):
                 try:
                     d.rmdir()
                     break
@@ -116,7 +118,8 @@ class SandboxCgroup:
                     break
                 except OSError:
                     _kill_members(d)
-                    time.sleep(0.01)
+                    time.sleep(wait)
+                    wait = min(wait * 2, 0.02)
 
 
 def _read_counter(path: Path, key: str) -> int:
