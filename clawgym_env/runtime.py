@@ -115,11 +115,9 @@ class Runtime:
     async def backend(self, name: str, options: dict[str, Any]) -> SandboxBackend:
         key = (name, repr(sorted(options.items())))
         if key not in self._backends:
-            from clawgym_env.sandbox import make_backend
+            from clawgym_env.serving_stack import backend_hiding_run_dir
 
-            # Sandboxes must not see the run directory (recorded calls, other rollouts' artifacts).
-            hidden = [*options.get("hidden_paths", []), str(self.run_dir)]
-            self._backends[key] = make_backend(name, **{**options, "hidden_paths": hidden})
+            self._backends[key] = backend_hiding_run_dir(name, options, self.run_dir)
         return self._backends[key]
 
     # ------------------------------------------------------------------ teardown

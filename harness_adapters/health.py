@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -96,26 +95,19 @@ async def check_harness(harness: str, proxy: Any, backend: Any, tokenizer: Any, 
 
 async def run_health(harnesses: tuple[str, ...] = HARNESSES) -> list[HealthRow]:
     from clawgym_env.engines import load_qwen_tokenizer
-    from clawgym_env.proxy import ChatMLRenderer, ServingProxy
-    from clawgym_env.sandbox import make_backend
+    from clawgym_env.proxy import ChatMLRenderer
+    from clawgym_env.serving_stack import serving_stack
 
     tokenizer = load_qwen_tokenizer()
     renderer = ChatMLRenderer(tokenizer)
-    run_dir = Path(tempfile.mkdtemp(prefix="clawgym-health-"))
-    proxy = ServingProxy(run_dir=run_dir)
-    await proxy.start()
-    backend = make_backend("local", hidden_paths=[str(run_dir)])
-    try:
+    async with serving_stack() as stack:
         rows = []
         for harness in harnesses:  # one at a time: the timings stay readable on a small machine
             try:
-                rows.append(await check_harness(harness, proxy, backend, tokenizer, renderer))
+                rows.append(await check_harness(harness, stack.proxy, stack.backend, tokenizer, renderer))
             except Exception as exc:  # noqa: BLE001 - a health check reports, never crashes
                 rows.append(HealthRow(harness=harness, detail=f"{type(exc).__name__}: {exc}"))
         return rows
-    finally:
-        await backend.aclose()
-        await proxy.stop()
 
 
 def render_table(rows: list[HealthRow]) -> Any:

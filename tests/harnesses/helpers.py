@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.rollout import RolloutResult, run_rollout
+from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
 
 ANSWER_FILE = "answer.txt"
@@ -73,17 +73,8 @@ def scripted_policy(completions: list[str]) -> Policy:
 
 async def one_rollout(adapter: Any, policy: Policy, task: TaskSpec | None = None, **options: Any) -> RolloutResult:
     """One rollout through the real proxy and the local sandbox, composed by clawgym_env.rollout."""
-    from clawgym_env.sandbox import make_backend
-
-    run_dir = Path(tempfile.mkdtemp(prefix="clawgym-harness-test-"))
-    proxy = ServingProxy(run_dir=run_dir)
-    await proxy.start()
-    backend = make_backend("local", hidden_paths=[str(run_dir)])
-    try:
+    async with serving_stack() as stack:
         return await run_rollout(
-            task=task or write_task(), adapter=adapter, policy=policy, backend=backend, proxy=proxy,
+            task=task or write_task(), adapter=adapter, policy=policy, backend=stack.backend, proxy=stack.proxy,
             options=EnvOptions(**options),
         )  # fmt: skip
-    finally:
-        await backend.aclose()
-        await proxy.stop()

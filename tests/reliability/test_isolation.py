@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from clawgym_env.proxy import ServingProxy
 from clawgym_env.records import read_calls
 from clawgym_env.rollout import run_rollout
-from clawgym_env.sandbox import make_backend
+from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import EnvOptions
 from tests.reliability import doubles
 
@@ -17,48 +16,45 @@ async def test_a_rollout_cannot_reach_another_rollouts_route_records_or_workspac
     run_dir = tmp_path / "run"
     policy = doubles.scripted_policy()
     adapter = doubles.FaultyHarnessTestDouble()
-    async with ServingProxy(run_dir) as proxy:
-        backend = make_backend("local", root=sandbox_root, hidden_paths=[str(run_dir)])
-        try:
-            # the victim: a live rollout (one call made, then it waits) with a secret in its workspace
-            victim_task = doubles.fault_task("hang", 0, timeout_s=6, workspace={"notes.md": "victim secret 7731\n"})
-            victim = asyncio.create_task(run_rollout(
-                task=victim_task, adapter=adapter, policy=policy, backend=backend, proxy=proxy,
-                options=EnvOptions(), rollout_id="victim",
-            ))  # fmt: skip
-            for _ in range(400):  # until the victim's harness has made its call and waits
-                try:
-                    if proxy.stats("victim").completed_calls:
-                        break
-                except KeyError:
-                    pass
-                await asyncio.sleep(0.02)
-            (victim_dir,) = [p for p in sandbox_root.iterdir()]
-            victim_ws = victim_dir / "workspace"
-            victim_url = "http://127.0.0.1:8080/rollouts/victim"
-            probe = {
-                "read": [str(run_dir / "calls.jsonl"), str(victim_ws / "notes.md"), "/proc/1/environ"],
-                "write": [str(victim_ws / "notes.md"), str(run_dir / "calls.jsonl")],
-                "list": [str(sandbox_root), str(run_dir), "/proc"],
-                "routes": {
-                    "victim route, own key": [victim_url, "OWN"],
-                    "victim route, no key": [victim_url, ""],
-                    "victim route, guessed key": [victim_url, "sk-clawgym-" + "A" * 32],
-                },
-            }
-            # the prober's own key stands in for "OWN" (it knows only its own key)
-            attacker_task = doubles.fault_task("probe", 1, probe=probe)
-            attacker = await run_rollout(
-                task=attacker_task, adapter=_OwnKeyProbe(), policy=policy, backend=backend, proxy=proxy,
-                options=EnvOptions(), rollout_id="attacker",
-            )  # fmt: skip
-            # checked while the victim is still alive
-            assert not victim.done()
-            assert (victim_ws / "notes.md").read_text() == "victim secret 7731\n"
-            assert sorted(p.name for p in victim_ws.iterdir()) == ["notes.md"]
-            victim_result = await victim
-        finally:
-            await backend.aclose()
+    async with serving_stack(run_dir, backend_options={"root": sandbox_root}) as stack:
+        proxy, backend = stack.proxy, stack.backend
+        # the victim: a live rollout (one call made, then it waits) with a secret in its workspace
+        victim_task = doubles.fault_task("hang", 0, timeout_s=6, workspace={"notes.md": "victim secret 7731\n"})
+        victim = asyncio.create_task(run_rollout(
+            task=victim_task, adapter=adapter, policy=policy, backend=backend, proxy=proxy,
+            options=EnvOptions(), rollout_id="victim",
+        ))  # fmt: skip
+        for _ in range(400):  # until the victim's harness has made its call and waits
+            try:
+                if proxy.stats("victim").completed_calls:
+                    break
+            except KeyError:
+                pass
+            await asyncio.sleep(0.02)
+        (victim_dir,) = [p for p in sandbox_root.iterdir()]
+        victim_ws = victim_dir / "workspace"
+        victim_url = "http://127.0.0.1:8080/rollouts/victim"
+        probe = {
+            "read": [str(run_dir / "calls.jsonl"), str(victim_ws / "notes.md"), "/proc/1/environ"],
+            "write": [str(victim_ws / "notes.md"), str(run_dir / "calls.jsonl")],
+            "list": [str(sandbox_root), str(run_dir), "/proc"],
+            "routes": {
+                "victim route, own key": [victim_url, "OWN"],
+                "victim route, no key": [victim_url, ""],
+                "victim route, guessed key": [victim_url, "sk-clawgym-" + "A" * 32],
+            },
+        }
+        # the prober's own key stands in for "OWN" (it knows only its own key)
+        attacker_task = doubles.fault_task("probe", 1, probe=probe)
+        attacker = await run_rollout(
+            task=attacker_task, adapter=_OwnKeyProbe(), policy=policy, backend=backend, proxy=proxy,
+            options=EnvOptions(), rollout_id="attacker",
+        )  # fmt: skip
+        # checked while the victim is still alive
+        assert not victim.done()
+        assert (victim_ws / "notes.md").read_text() == "victim secret 7731\n"
+        assert sorted(p.name for p in victim_ws.iterdir()) == ["notes.md"]
+        victim_result = await victim
 
     (event,) = [e for e in attacker.harness_result.events if e.get("type") == "probe"]
     results = event["results"]

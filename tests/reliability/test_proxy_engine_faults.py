@@ -20,10 +20,10 @@ import httpx
 import openai
 
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.records import read_calls
 from clawgym_env.rollout import run_rollout
-from clawgym_env.sandbox import make_backend
+from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import EnvOptions
 from tests.reliability import doubles
 
@@ -93,17 +93,13 @@ async def test_engine_timeout_marks_the_rollout_and_the_next_one_succeeds(tmp_pa
     policy = Policy(engine=engine, renderer=ChatMLRenderer(doubles.tokenizer()), name="policy")
     run_dir = tmp_path / "run"
     adapter = doubles.FaultyHarnessTestDouble()
-    async with ServingProxy(run_dir, engine_timeout_s=0.5) as proxy:
-        backend = make_backend("local", root=sandbox_root, hidden_paths=[str(run_dir)])
-        try:
-            results = []
-            for i, marker in enumerate([" STALL", "", ""]):
-                results.append(await run_rollout(
-                    task=doubles.fault_task("ok", i, marker=marker), adapter=adapter, policy=policy,
-                    backend=backend, proxy=proxy, options=EnvOptions(),
-                ))  # fmt: skip
-        finally:
-            await backend.aclose()
+    async with serving_stack(run_dir, engine_timeout_s=0.5, backend_options={"root": sandbox_root}) as stack:
+        proxy, results = stack.proxy, []
+        for i, marker in enumerate([" STALL", "", ""]):
+            results.append(await run_rollout(
+                task=doubles.fault_task("ok", i, marker=marker), adapter=adapter, policy=policy,
+                backend=stack.backend, proxy=proxy, options=EnvOptions(),
+            ))  # fmt: skip
         stalled, *later = results
         assert stalled.status == "failed" and stalled.failure.stage == "harness"
         assert "did not answer within 0.5 s" in stalled.failure.reason  # the proxy's message, surfaced by the harness
