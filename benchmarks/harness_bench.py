@@ -8,7 +8,7 @@ peak RSS of everything in the sandbox (sampled every 50 ms), CPU seconds of the 
 many such rollouts fit at once on this machine: an ESTIMATE, min(available memory / peak RSS,
 cores x wall / CPU seconds), not a measured concurrent run. The engine is the scripted test double, so model
 time is near zero and the numbers are the harness's own cost. `--openclaw-variants` also times OpenClaw with
-the start-up switches tried to amortize its 10-25 s start.
+and without its pre-built compile cache, `--repeats` runs each, interleaved (load swings hit both alike).
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from clawgym_env.specs import EnvOptions, TaskSpec  # noqa: E402
 from harness_adapters.health import _health_check, _write_call, make_adapter  # noqa: E402
 
 HARNESSES = ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox")
+# Earlier tries without gain (docs/harnesses.md): --local-model-lean; OPENCLAW_SKIP_CHANNELS and friends.
 OPENCLAW_VARIANTS = {
-    "default": {},
-    "--local-model-lean": {"local_model_lean": True},
-    "env: skip channels/providers prewarm, no bundled plugins": {"extra_env": {
-        "OPENCLAW_SKIP_CHANNELS": "1", "OPENCLAW_SKIP_STARTUP_MODEL_PREWARM": "1",
-        "OPENCLAW_DISABLE_BUNDLED_PLUGINS": "1", "OPENCLAW_DISABLE_BONJOUR": "1", "OPENCLAW_SKIP_CRON": "1"}},
+    "default (read-only pre-built compile cache)": {},
+    "no pre-built cache (OpenClaw's own, cold in the private /tmp)": {"compile_cache": False},
 }  # fmt: skip
 
 
@@ -115,9 +113,12 @@ async def main(repeats: int, openclaw_variants: bool) -> None:
         if openclaw_variants:
             from harness_adapters.openclaw import OpenClawAdapter
 
-            for label, options in OPENCLAW_VARIANTS.items():
-                row = await one("OpenClaw", OpenClawAdapter(**options), proxy, backend, tokenizer, renderer)
-                variant_rows.append((label, row))
+            if OpenClawAdapter().compile_cache_dir() is None:
+                print("note: no pre-built OpenClaw compile cache (python -m harness_adapters.openclaw --build-compile-cache)")
+            for _ in range(repeats):
+                for label, options in OPENCLAW_VARIANTS.items():
+                    row = await one("OpenClaw", OpenClawAdapter(**options), proxy, backend, tokenizer, renderer)
+                    variant_rows.append((label, row))
     finally:
         await backend.aclose()
         await proxy.stop()
@@ -137,10 +138,15 @@ async def main(repeats: int, openclaw_variants: bool) -> None:
     if base:
         print("wall time relative to the white-box loop: " + ", ".join(
             f"{r['harness']} {r['wall_s'] / max(base['wall_s'], 1e-3):.1f}x" for r in rows if r is not base))
-    for label, r in variant_rows if openclaw_variants else []:
+    for label, r in variant_rows:
         start = f"{r['startup_s']:.1f}" if r["startup_s"] is not None else "-"
         print(f"OpenClaw [{label}]: ok={r['ok']} wall {r['wall_s']:.1f} s, start-up {start} s, CPU {r['cpu_s']:.1f} s, "
               f"peak RSS {r['peak_rss_mb']:.0f} MB")
+    for label in OPENCLAW_VARIANTS if variant_rows else []:
+        mine = [r for name, r in variant_rows if name == label]
+        mean = {k: sum(r[k] or 0.0 for r in mine) / len(mine) for k in ("wall_s", "startup_s", "cpu_s")}
+        print(f"OpenClaw mean of {len(mine)} [{label}]: wall {mean['wall_s']:.1f} s, start-up {mean['startup_s']:.1f} s, "
+              f"CPU {mean['cpu_s']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -5,19 +5,30 @@
 The API style is selectable: openai-responses (default: the only mode whose `input` list is an exact prefix
 extension of the previous call), openai-completions, anthropic-messages (both rewrite history; HARNESSES.md §2).
 OpenClaw has no loop guard of its own (2,205 calls in one measured run), so the proxy's per-rollout call cap
-matters here. Its 10-15 s start-up is measured and discussed in docs/harnesses.md.
-MCP servers go in the config's `mcp.servers` (stdio: command, args, env).
+matters here. MCP servers go in the config's `mcp.servers` (stdio: command, args, env).
+
+Start-up (docs/harnesses.md): OpenClaw turns on Node's on-disk compile cache itself, but under
+`os.tmpdir()`, which is the sandbox's private /tmp, so every rollout compiled its ~7,000 modules from
+scratch and wrote a 37 MB cache nobody read. `build_compile_cache()` (run once by scripts/setup.sh) fills
+`<install>/openclaw-compile-cache` from one real scripted rollout; every later rollout reads it read-only
+(the sandbox sees the install read-only; Node skips the write-back silently).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from clawgym_env.interfaces import HarnessContext
 from clawgym_env.specs import ApiStyle
-from harness_adapters.base import CliHarnessAdapter, LaunchPlan, ParsedRun, parse_json_document
+from harness_adapters.base import CliHarnessAdapter, HarnessInstall, LaunchPlan, ParsedRun, parse_json_document
+
+COMPILE_CACHE = "openclaw-compile-cache"  # folder under the install root, built by build_compile_cache()
 
 OPENCLAW_APIS = {
     ApiStyle.OPENAI_RESPONSES: "openai-responses",
@@ -42,8 +53,11 @@ class OpenClawAdapter(CliHarnessAdapter):
         context_window: int = 32_768,
         max_tokens: int = 4096,
         state_dir: str | None = None,
+        compile_cache: bool | str | Path = True,
         **kw: Any,
     ) -> None:
+        """compile_cache: True reads `<install>/openclaw-compile-cache` when it is there; False leaves OpenClaw's
+        own (cold, per-sandbox) cache; a path reads (and, if writable in the sandbox, fills) that folder."""
         super().__init__(**kw)
         style = ApiStyle(api_style)
         if style not in OPENCLAW_APIS:
@@ -54,6 +68,14 @@ class OpenClawAdapter(CliHarnessAdapter):
         self.context_window = context_window
         self.max_tokens = max_tokens
         self.state_dir = state_dir
+        self.compile_cache = compile_cache
+
+    def compile_cache_dir(self) -> str | None:
+        """The Node compile cache folder this adapter points OpenClaw at, or None for OpenClaw's default."""
+        if self.compile_cache is True:
+            built = self.install.root / COMPILE_CACHE
+            return str(built) if built.is_dir() else None
+        return str(self.compile_cache) if self.compile_cache else None
 
     def config(self, ctx: HarnessContext) -> dict[str, Any]:
         api = OPENCLAW_APIS[self.api_style]
@@ -107,6 +129,11 @@ class OpenClawAdapter(CliHarnessAdapter):
             argv += ["--state-dir", self.state_dir]
         argv.append(ctx.task.instruction)
         env = {"OPENCLAW_NO_RESPAWN": "1"}
+        cache = self.compile_cache_dir()
+        if cache:
+            # Node opens the cache at start from NODE_COMPILE_CACHE; the second variable stops OpenClaw's launcher
+            # from respawning itself into `<cache>/openclaw/<version>/<install marker>` (a second Node start).
+            env |= {"NODE_COMPILE_CACHE": cache, "OPENCLAW_PACKAGED_COMPILE_CACHE_RESPAWNED": "1"}
         return LaunchPlan(argv=argv, env=env, cwd=ctx.sandbox.workspace_path, files={config_path: json.dumps(self.config(ctx), indent=1)})
 
     def parse(self, stdout: str, stderr: str, exit_code: int | None) -> ParsedRun:
@@ -123,3 +150,60 @@ class OpenClawAdapter(CliHarnessAdapter):
             message = err.get("message") if isinstance(err, dict) else err
             error = f"OpenClaw {envelope.get('status', 'error')}: {message or 'no message'}"
         return ParsedRun(success=ok and exit_code == 0, final_message=final or "", events=[envelope], turns=turns, error=error)
+
+
+# ------------------------------------------------------------------------------------ compile cache build
+class _CacheFillingAdapter(OpenClawAdapter):
+    """Points NODE_COMPILE_CACHE into the (writable) workspace, so one run leaves its cache there."""
+
+    def plan(self, ctx: HarnessContext, home: str) -> LaunchPlan:
+        self.compile_cache = f"{ctx.sandbox.workspace_path}/{COMPILE_CACHE}"
+        return super().plan(ctx, home)
+
+
+async def build_compile_cache(install: HarnessInstall | None = None, *, force: bool = False) -> Path:
+    """Fill `<install>/openclaw-compile-cache` from one real scripted rollout in the local sandbox.
+
+    Built inside the sandbox, not on the host: Node keys the cache by uid (`v24.x-x64-<flags>-<uid>`), and the
+    sandbox runs as uid 0 whatever the host user is; module paths are the same (the sandbox sees / read-only).
+    The rollout writes a file with OpenClaw's `write` tool, then answers, so tool modules are cached too.
+    """
+    from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
+    from clawgym_env.interfaces import Policy
+    from clawgym_env.proxy import ChatMLRenderer
+    from clawgym_env.rollout import run_rollout
+    from clawgym_env.serving_stack import serving_stack
+    from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
+
+    install = install or HarnessInstall.default()
+    dest = install.root / COMPILE_CACHE
+    if dest.is_dir() and not force:
+        return dest
+    staging = install.root / f".{COMPILE_CACHE}.building"
+    shutil.rmtree(staging, ignore_errors=True)
+
+    def keep_cache(workspace: Path) -> float:
+        shutil.copytree(workspace / COMPILE_CACHE, staging)
+        return 1.0 if (workspace / "cache.txt").is_file() else 0.0
+
+    tokenizer = load_qwen_tokenizer()
+    write = {"name": "write", "arguments": {"path": f"{DEFAULT_MOUNT_PATH}/cache.txt", "content": "ok"}}
+    engine = ScriptedTestEngine(tokenizer, ["<tool_call>\n" + json.dumps(write) + "\n</tool_call>", "Done."])
+    task = TaskSpec(id="openclaw-compile-cache", instruction="Write ok into cache.txt.", verifier=keep_cache, timeout_s=300)
+    adapter = _CacheFillingAdapter(install_root=install.root)
+    async with serving_stack() as stack:
+        result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=ChatMLRenderer(tokenizer)),
+                                   backend=stack.backend, proxy=stack.proxy, options=EnvOptions(max_calls=8))  # fmt: skip
+    if result.reward != 1.0 or not staging.is_dir():
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RuntimeError(f"OpenClaw compile cache build failed: {result.failure or result.harness_result}")
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
+    return dest
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--build-compile-cache"]:
+        sys.exit("usage: python -m harness_adapters.openclaw --build-compile-cache")
+    built = asyncio.run(build_compile_cache(force=True))
+    print(f"OpenClaw compile cache: {built} ({sum(1 for _ in built.rglob('*'))} entries)")

