@@ -90,11 +90,16 @@ def build_micro_batches(
     token_advantages: Sequence[np.ndarray],
     token_budget: int,
     token_returns: Sequence[np.ndarray] | None = None,
+    *,
+    share_context: bool = True,
 ) -> list[TreeBatch]:
     """Pack trainable forests into micro-batches of at most `token_budget` unique tokens.
 
     `token_advantages[k]` (and `token_returns[k]`) are per-token arrays over `forests[k]`'s nodes.
-    Forests are matched back by rollout id, which must be unique in one call.
+    Forests are matched back by rollout id, which must be unique in one call. `share_context` computes
+    the common leading prompt of a group's rollouts once (exact: only untrained context is shared; see
+    clawgym_env.trajectory.packing): for a group of 8 rollouts behind a 1.4k-token harness prompt it cuts
+    the tokens of a step several-fold.
     """
     if not (len(forests) == len(rollout_indexes) == len(token_advantages)):
         raise ValueError(
@@ -109,14 +114,14 @@ def build_micro_batches(
             raise ValueError(f"rollout {forest.rollout_id} is {forest.status}: leave failed rollouts out before packing")
         by_id[forest.rollout_id] = k
     out = []
-    for packed in pack_forests(list(forests), token_budget):
+    for packed in pack_forests(list(forests), token_budget, share_context=share_context):
         ks = [by_id[rid] for rid in packed.rollout_ids]
         ridx = torch.tensor([rollout_indexes[k] for k in ks], dtype=torch.long)[packed.forest_index]
-        adv = np.concatenate([np.asarray(token_advantages[k], np.float32) for k in ks])
+        adv = packed.gather([np.asarray(token_advantages[k], np.float32) for k in ks]).astype(np.float32)
         if token_returns is None:
             ret = np.zeros_like(adv)
         else:
-            ret = np.concatenate([np.asarray(token_returns[k], np.float32) for k in ks])
+            ret = packed.gather([np.asarray(token_returns[k], np.float32) for k in ks]).astype(np.float32)
         out.append(
             TreeBatch(
                 packed=packed,

@@ -4,7 +4,10 @@ Categories: file_manipulation, data_processing, scripting, document_writing. Eac
 is written as a ClawGym task folder (data_entry.json, input_files/, reward/reward.sh + check.py +
 spec.json) into a cache folder (`$CLAWGYM_SUITE_CACHE`, default `<repo>/.cache/suites`), then loaded
 with `load_clawgym_folder`: the reward is computed inside the sandbox by reward.sh (code-checked
-sub-scores, last stdout line the mean). Level 0: one short instruction and at most one small file.
+sub-scores, last stdout line the mean). Level 0: one short instruction that names the tool to use (`write`,
+the name pi, OpenClaw, Claude Code and the white-box loop share) and at most one small file: a level
+a 0.5B model reaches often enough for GRPO to have signal (without the tool named it mostly answers
+with the file's text instead of a tool call).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _draft(level, category, instruction, inputs, checks, reference) -> Draft:
 def file_manipulation(rng: random.Random, level: int) -> Draft:
     if level == 0:
         name, phrase = rng.choice(WORDS), " ".join(rng.sample(WORDS, 3))
-        instr = f"Create a file named {name}.txt in the workspace containing exactly this line: {phrase}"
+        instr = f"Use the write tool to create the file {name}.txt containing exactly this line: {phrase}"
         return _draft(level, "file_manipulation", instr, {}, [{"name": "content", "kind": "file_equals", "path": f"{name}.txt", "expected": phrase}], {f"{name}.txt": phrase + "\n"})
     if level == 1:
         logs, errors = {}, []
@@ -84,7 +87,7 @@ def file_manipulation(rng: random.Random, level: int) -> Draft:
 def data_processing(rng: random.Random, level: int) -> Draft:
     if level == 0:
         nums = [rng.randint(1, 50) for _ in range(rng.randint(3, 5))]
-        instr = "numbers.txt has one number per line. Write their sum (only the number) to answer.txt."
+        instr = "numbers.txt has one number per line. Read it, then use the write tool to write their sum (only the number) to answer.txt."
         return _draft(level, "data_processing", instr, {"numbers.txt": "\n".join(map(str, nums)) + "\n"},
                       [{"name": "sum", "kind": "number", "path": "answer.txt", "expected": sum(nums)}], {"answer.txt": f"{sum(nums)}\n"})  # fmt: skip
     if level == 1:
@@ -119,7 +122,7 @@ def data_processing(rng: random.Random, level: int) -> Draft:
 def scripting(rng: random.Random, level: int) -> Draft:
     if level == 0:
         name = rng.choice(NAMES)
-        instr = f"Write a Python script greet.py that prints exactly: Hello, {name}!"
+        instr = f"Use the write tool to create a Python script greet.py that prints exactly: Hello, {name}!"
         checks = [{"name": "output", "kind": "script_output", "script": "greet.py", "cases": [{"args": [], "stdout": f"Hello, {name}!"}]}]
         return _draft(level, "scripting", instr, {}, checks, {"greet.py": f'print("Hello, {name}!")\n'})
     if level == 1:
@@ -153,7 +156,7 @@ def scripting(rng: random.Random, level: int) -> Draft:
 def document_writing(rng: random.Random, level: int) -> Draft:
     if level == 0:
         title = f"{rng.choice(WORDS).title()} {rng.choice(WORDS).title()} Plan"
-        instr = f"Write a file title.md whose first line is the markdown heading: # {title}"
+        instr = f"Use the write tool to create the file title.md whose first line is the markdown heading: # {title}"
         return _draft(level, "document_writing", instr, {}, [{"name": "heading", "kind": "first_line", "path": "title.md", "expected": f"# {title}"}], {"title.md": f"# {title}\n"})
     people = rng.sample(NAMES, 3)
     decisions = [f"adopt {rng.choice(WORDS)} {rng.choice(WORDS)}" for _ in range(2)]

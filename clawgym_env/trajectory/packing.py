@@ -9,7 +9,12 @@ Attention inputs, per transformers attention implementation:
 - "sdpa": a 4-D bool mask [1, 1, T, T] (True = attend);
 - "eager": the same as an additive float mask (0 / dtype min);
 - "flex_attention": a BlockMask, only on devices where flex attention has a backward pass (not on CPU).
-Several forests in one batch get a block-diagonal mask (no token sees another rollout).
+Several forests in one batch get a block-diagonal mask (no token sees another rollout), except with
+`share_context=True`: then forests whose prompts start with the same context tokens (the rollouts of one
+GRPO group all start with the harness's system prompt, tool list and the task) share those leading
+context tokens, computed once. Only context (never generated) tokens before the first fork are shared,
+so every trained token still belongs to exactly one rollout and its hidden state is unchanged (same
+tokens, same positions, same ancestors). `token_source` maps each packed token back to its forest node.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class PackedBatch:
     branch_nodes: torch.Tensor  # [sum of branch lengths] long: each branch's tokens, root to leaf
     branch_forest: torch.Tensor  # [B] long: the forest of each branch
     token_branch: torch.Tensor  # [T] long: one branch holding each token (any; used for the mask)
+    token_source: torch.Tensor | None = None  # [T] long: index into the forests' nodes concatenated in order
     rollout_ids: list[str] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)
     over_budget: bool = False  # a single forest larger than the token budget
@@ -111,6 +117,13 @@ class PackedBatch:
             mask = self.attention_mask().to(device)
         return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device), "attention_mask": mask}
 
+    def gather(self, per_forest: Sequence[np.ndarray]) -> np.ndarray:
+        """Per-node arrays of this batch's forests (in `rollout_ids` order) -> one value per packed token."""
+        flat = np.concatenate([np.asarray(a) for a in per_forest]) if per_forest else np.zeros(0)
+        if self.token_source is None:
+            return flat
+        return flat[self.token_source.numpy()]
+
     def unpack(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-token outputs [T, ...] -> one tensor per branch, root to leaf."""
         if values.shape[0] != self.num_tokens:
@@ -127,27 +140,35 @@ def pack_forest(forest: TrajectoryForest) -> PackedBatch:
     return _pack([forest])
 
 
-def pack_forests(forests: Sequence[TrajectoryForest], token_budget: int) -> list[PackedBatch]:
+def pack_forests(
+    forests: Sequence[TrajectoryForest], token_budget: int, *, share_context: bool = False
+) -> list[PackedBatch]:
     """Bin-pack ok forests into batches of at most `token_budget` unique tokens (first-fit decreasing).
 
     Forests that are not ok are skipped. A forest alone larger than the budget cannot be split (its
-    branches share attention) and gets a batch of its own, flagged `over_budget`.
+    branches share attention) and gets a batch of its own, flagged `over_budget`. With `share_context`,
+    a forest costs only the tokens it does not share with the bin's leading context (see the module doc).
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     trainable = [f for f in forests if f.ok and f.num_tokens > 0]
     bins: list[list[TrajectoryForest]] = []
     sizes: list[int] = []
+    chains: list[list[np.ndarray]] = []  # leading context tokens of each forest in a bin
     for forest in sorted(trainable, key=lambda f: f.num_tokens, reverse=True):
+        chain = forest.tokens[leading_context(forest)] if share_context else forest.tokens[:0]
         for i, used in enumerate(sizes):
-            if used + forest.num_tokens <= token_budget:
+            shared = max((_common_prefix(chain, c) for c in chains[i]), default=0)
+            if used + forest.num_tokens - shared <= token_budget:
                 bins[i].append(forest)
-                sizes[i] += forest.num_tokens
+                sizes[i] += forest.num_tokens - shared
+                chains[i].append(chain)
                 break
         else:
             bins.append([forest])
             sizes.append(forest.num_tokens)
-    batches = [_pack(group) for group in bins]
+            chains.append([chain])
+    batches = [_pack(group, share_context=share_context) for group in bins]
     for batch in batches:
         if batch.num_tokens > token_budget:
             batch.over_budget = True
@@ -155,23 +176,66 @@ def pack_forests(forests: Sequence[TrajectoryForest], token_budget: int) -> list
     return batches
 
 
-def _pack(forests: Sequence[TrajectoryForest]) -> PackedBatch:
-    tokens, parents, depth, gen, lps, versions, forest_idx = [], [], [], [], [], [], []
+def leading_context(forest: TrajectoryForest) -> np.ndarray:
+    """Node indexes of the forest's leading context: from its single root down to the first fork or the
+    first generated token (empty when the forest has several roots)."""
+    roots = np.flatnonzero(forest.parents < 0)
+    if roots.shape[0] != 1:
+        return np.zeros(0, np.int64)
+    children: dict[int, list[int]] = {}
+    for child, parent in enumerate(forest.parents.tolist()):
+        if parent >= 0:
+            children.setdefault(parent, []).append(child)
+    chain, node = [], int(roots[0])
+    while not forest.generated[node]:
+        chain.append(node)
+        below = children.get(node, [])
+        if len(below) != 1:
+            break
+        node = below[0]
+    return np.asarray(chain, np.int64)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.shape[0] else n
+
+
+def _pack(forests: Sequence[TrajectoryForest], *, share_context: bool = False) -> PackedBatch:
+    tokens, parents, depth, gen, lps, versions, forest_idx, source = [], [], [], [], [], [], [], []
     branch_lists: list[np.ndarray] = []
     branch_forest: list[int] = []
-    offset = 0
+    trunks: list[tuple[np.ndarray, np.ndarray]] = []  # (leading context tokens, their packed indexes)
+    offset = 0  # packed tokens so far
+    node_offset = 0  # forest nodes so far (the index space of `token_source`)
     for k, forest in enumerate(forests):
-        tokens.append(forest.tokens)
-        parents.append(np.where(forest.parents >= 0, forest.parents + offset, -1))
-        depth.append(forest.depths())
-        gen.append(forest.generated & (forest.parents >= 0))
-        lps.append(np.where(forest.generated, forest.logprobs, 0.0).astype(np.float32))
-        versions.append(forest.policy_versions)
-        forest_idx.append(np.full(forest.num_tokens, k, np.int64))
+        chain = leading_context(forest) if share_context else np.zeros(0, np.int64)
+        shared, shared_at = 0, np.zeros(0, np.int64)
+        for trunk_tokens, trunk_index in trunks:
+            n = _common_prefix(trunk_tokens, forest.tokens[chain])
+            if n > shared:
+                shared, shared_at = n, trunk_index[:n]
+        own = np.ones(forest.num_tokens, bool)
+        own[chain[:shared]] = False
+        where = np.empty(forest.num_tokens, np.int64)  # packed index of each node
+        where[chain[:shared]] = shared_at
+        where[own] = offset + np.arange(int(own.sum()))
+        if chain.shape[0]:
+            trunks.append((forest.tokens[chain], where[chain]))
+        tokens.append(forest.tokens[own])
+        parents.append(np.where(forest.parents[own] >= 0, where[np.maximum(forest.parents[own], 0)], -1))
+        depth.append(forest.depths()[own])
+        gen.append((forest.generated & (forest.parents >= 0))[own])
+        lps.append(np.where(forest.generated, forest.logprobs, 0.0).astype(np.float32)[own])
+        versions.append(forest.policy_versions[own])
+        forest_idx.append(np.full(int(own.sum()), k, np.int64))
+        source.append(node_offset + np.flatnonzero(own))
         for branch in forest.branches():
-            branch_lists.append(branch + offset)
+            branch_lists.append(where[branch])
             branch_forest.append(k)
-        offset += forest.num_tokens
+        offset += int(own.sum())
+        node_offset += forest.num_tokens
     lengths = np.asarray([b.shape[0] for b in branch_lists], np.int64)
     branch_nodes = np.concatenate(branch_lists) if branch_lists else np.zeros(0, np.int64)
     token_branch = np.full(offset, -1, np.int64)
@@ -192,6 +256,7 @@ def _pack(forests: Sequence[TrajectoryForest]) -> PackedBatch:
         branch_nodes=as_t(branch_nodes.astype(np.int64)),
         branch_forest=as_t(np.asarray(branch_forest, np.int64)),
         token_branch=as_t(token_branch),
+        token_source=as_t(np.concatenate(source).astype(np.int64)) if source else None,
         rollout_ids=[f.rollout_id for f in forests],
         rewards=[f.reward for f in forests],
     )

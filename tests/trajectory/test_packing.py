@@ -127,3 +127,71 @@ def test_bin_packing_is_block_diagonal_and_matches_single_packs() -> None:
     assert big.over_budget
     with pytest.raises(ValueError, match="only ok forests"):
         pack_forest(failed)
+
+
+def group_forests(n: int = 3, shared: int = 25):
+    """Forests of one 'group': different rollouts whose prompts start with the same context tokens."""
+    from clawgym_env.trajectory.packing import leading_context
+
+    common = np.random.default_rng(99).integers(0, VOCAB, size=shared)
+    out = []
+    for s in range(6, 6 + n):
+        f = forest(s)
+        chain = leading_context(f)
+        assert chain.shape[0] >= shared
+        f.tokens = f.tokens.copy()
+        f.tokens[chain[:shared]] = common
+        out.append(f)
+    return out
+
+
+def test_shared_context_is_computed_once_with_equal_logprobs_and_gradients() -> None:
+    forests = group_forests()
+    model = small_model("qwen3", "sdpa")
+    (plain,) = pack_forests(forests, token_budget=100_000)
+    (shared,) = pack_forests(forests, token_budget=100_000, share_context=True)
+    assert plain.num_tokens == sum(f.num_tokens for f in forests)
+    # the 25 common leading tokens (at least) are kept once instead of three times
+    assert shared.num_tokens <= plain.num_tokens - 2 * 25
+    assert shared.branch_tokens == plain.branch_tokens and shared.num_branches == plain.num_branches
+    assert int(shared.loss_mask.sum()) == int(plain.loss_mask.sum())  # no trained token is shared
+    # every packed token maps back to a forest node with the same token id
+    ordered = [next(f for f in forests if f.rollout_id == rid) for rid in shared.rollout_ids]
+    flat_tokens = np.concatenate([f.tokens for f in ordered])
+    np.testing.assert_array_equal(shared.gather([f.tokens for f in ordered]), shared.input_ids[0].numpy())
+    assert np.array_equal(flat_tokens[shared.token_source.numpy()], shared.input_ids[0].numpy())
+    # branch contents are the same token sequences
+    assert [t.tolist() for t in shared.unpack(shared.input_ids[0])] == [t.tolist() for t in plain.unpack(plain.input_ids[0])]
+
+    lp_plain = packed_logprobs(model, plain)
+    lp_shared = packed_logprobs(model, shared)
+    for a, b in zip(plain.unpack(lp_plain), shared.unpack(lp_shared), strict=True):
+        assert (a[1:] - b[1:]).abs().max().item() < 1e-4
+    grads = []
+    for batch in (plain, shared):
+        model.zero_grad()
+        packed_logprobs(model, batch)[batch.loss_mask].sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-4, rtol=1e-3), name
+
+
+def test_shared_context_lets_a_group_fit_a_smaller_budget() -> None:
+    forests = group_forests()
+    together = sum(f.num_tokens for f in forests) - 2 * 25
+    assert len(pack_forests(forests, token_budget=together)) > 1
+    (one,) = pack_forests(forests, token_budget=together, share_context=True)
+    assert one.num_tokens <= together and not one.over_budget
+    # forests with nothing in common share nothing
+    other = forest(20)
+    (mixed,) = pack_forests([forests[0], other], token_budget=100_000, share_context=True)
+    assert mixed.num_tokens == forests[0].num_tokens + other.num_tokens - _common_len(forests[0], other)
+
+
+def _common_len(a, b) -> int:
+    from clawgym_env.trajectory.packing import leading_context
+
+    x, y = a.tokens[leading_context(a)], b.tokens[leading_context(b)]
+    n = min(len(x), len(y))
+    diff = np.flatnonzero(x[:n] != y[:n])
+    return int(diff[0]) if diff.size else n
