@@ -71,16 +71,17 @@ static void apply_limits(const char *spec) {
 }
 
 /* ------------------------------------------------------------------------------------------- relay */
-static void write_all(int fd, const char *data, ssize_t length) {
+static int write_all(int fd, const char *data, ssize_t length) {
     while (length > 0) {
         ssize_t done = write(fd, data, length);
         if (done < 0) {
             if (errno == EINTR) continue;
-            return;
+            return -1;
         }
         data += done;
         length -= done;
     }
+    return 0;
 }
 
 static void pump_connection(int client, const char *target) {
@@ -103,10 +104,10 @@ static void pump_connection(int client, const char *target) {
             if (!polls[k].revents) continue;
             int from = which[k], to = 1 - from;
             ssize_t got = read(ends[from], buffer, sizeof buffer);
-            if (got > 0) {
-                write_all(ends[to], buffer, got);
-            } else if (got == 0 || errno != EINTR) {
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0 || write_all(ends[to], buffer, got) < 0) { /* this direction is over */
                 shutdown(ends[to], SHUT_WR);
+                shutdown(ends[from], SHUT_RD);
                 open_ends[from] = 0;
             }
         }
@@ -129,6 +130,7 @@ static void start_relay(int port, const char *target) {
     }
     close(control);
     signal(SIGCHLD, SIG_IGN); /* connection processes are reaped by the kernel */
+    signal(SIGPIPE, SIG_IGN); /* a peer gone mid-write ends that direction, not the process */
     for (;;) {
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
         if (client < 0) continue;
@@ -240,7 +242,7 @@ static void handle(char *data, ssize_t length, int *fds, int n_fds) {
     } else if (n_fields >= 5 && strcmp(fields[0], "exec") == 0) {
         long id = atol(fields[1]);
         int argc = atoi(fields[3]);
-        if (n_fds != 3 || argc < 1 || 4 + argc > n_fields) {
+        if (n_fds != 3 || argc < 1 || argc > n_fields - 4) {
             reply("error %ld malformed request", id);
         } else {
             /* argv: fields 4 .. 4+argc-1, NULL-ended in a copy; env: the rest, which ends with the NULL
