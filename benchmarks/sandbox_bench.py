@@ -1,12 +1,15 @@
 """Local sandbox cost: create + seed + exec + destroy, against a bare subprocess in a temporary folder.
 
 Run: .venv/bin/python -m benchmarks.sandbox_bench [--rounds 30] [--concurrency 8]
-Prints, for each command and each backend set-up (C or Python init, started on demand or from a warm
-pool), the median of one full cycle, the ratio to the bare cycle, and cycles per second with N concurrent.
-`destroy()` returns once the sandbox is killed and removes its folder in the background, so two medians
-are shown: until `destroy()` returns (what a rollout waits for) and until the removal is done too
-(`wait_removed()`, the like of the bare cycle's rmtree). Sandboxes per second count every removal: the
-clock stops only once all are removed. The load average is printed: the machine is shared.
+For each command and each backend set-up (C or Python init; started on demand, "cold", or taken from a warm
+pool): the median of one cycle, its ratio to the bare cycle (mkdtemp + the same seeding + the same command
++ rmtree), and cycles per second with N concurrent. The machine is shared and its load moves, so the
+single-cycle medians are measured interleaved: each round times one cycle of every variant in turn, and
+background work (pool refills, folder removals) is let finish between them, outside the timing.
+`destroy()` returns once the sandbox is killed and removes its folder in the background, so each cycle
+gives two times: until `destroy()` returns (what a rollout waits for) and until the removal is done
+(`wait_removed()`, the like of the bare cycle's rmtree). Sandboxes per second count all the work: the clock
+stops only once every removal and pool refill is done. The load average is printed before and after.
 Targets (docs/sandbox.md): ratio < 3x, >= 10 sandboxes/s on a 2-core machine.
 """
 
@@ -21,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local import LocalSandbox, LocalSandboxBackend
 from clawgym_env.sandbox.workspace import materialize_workspace
 from clawgym_env.specs import TaskSpec
 
@@ -50,23 +53,29 @@ async def bare_cycle(task: TaskSpec, argv: list[str]) -> None:
         shutil.rmtree(folder)
 
 
-async def sandbox_cycle(backend: LocalSandboxBackend, task: TaskSpec, argv: list[str], removed: bool) -> None:
+async def sandbox_cycle(backend: LocalSandboxBackend, task: TaskSpec, argv: list[str]) -> LocalSandbox:
     async with await backend.create(task) as box:
         result = await box.exec(argv)
         assert result.exit_code == 0, result.stderr
-    if removed:
-        await box.wait_removed()
+    return box
 
 
-async def median_of(cycle, rounds: int) -> float:
-    """Median seconds of one cycle run alone."""
-    await cycle()  # warm up
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        await cycle()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+async def timed_bare(task: TaskSpec, argv: list[str]) -> float:
+    start = time.perf_counter()
+    await bare_cycle(task, argv)
+    return time.perf_counter() - start
+
+
+async def timed_sandbox(backend: LocalSandboxBackend, task: TaskSpec, argv: list[str]) -> tuple[float, float]:
+    """(seconds until destroy() returned, seconds until the sandbox was removed too); then lets the
+    backend's background work finish, untimed, so the next measured cycle does not pay for it."""
+    start = time.perf_counter()
+    box = await sandbox_cycle(backend, task, argv)
+    returned = time.perf_counter() - start
+    await box.wait_removed()
+    removed = time.perf_counter() - start
+    await backend.settle()
+    return returned, removed
 
 
 async def rate_of(cycle, total: int, concurrency: int, settle=None) -> float:
@@ -95,22 +104,31 @@ async def main() -> None:
     setups = [(f"{init} {'pooled' if pool else 'cold'}", {"init": init, "pool_size": pool})
               for init in args.inits.split(",") for pool in (0, args.pool)]
     backends = [(label, LocalSandboxBackend(**options)) for label, options in setups]
-    print(f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} rounds, "
+    print(f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} interleaved rounds, "
           f"{args.concurrency} concurrent, pools of {args.pool}; load average before: {load()}")
-    print(f"{'command':8} {'sandbox':10} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
+    print(f"{'command':8} {'sandbox':13} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
           f"{'bare/s':>7} {'sandboxes/s':>11}")
     try:
         for name, argv in COMMANDS.items():
-            bare_median = await median_of(lambda: bare_cycle(task, argv), args.rounds)
+            bare_times: list[float] = []
+            box_times: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in backends}
+            await bare_cycle(task, argv)  # warm up (and start the pools)
+            for _, backend in backends:
+                await sandbox_cycle(backend, task, argv)
+                await backend.settle()
+            for _ in range(args.rounds):
+                bare_times.append(await timed_bare(task, argv))
+                for label, backend in backends:
+                    box_times[label].append(await timed_sandbox(backend, task, argv))
+            bare = statistics.median(bare_times)
             bare_rate = await rate_of(lambda: bare_cycle(task, argv), args.rounds * 2, args.concurrency)
             for label, backend in backends:
-                box_median = await median_of(lambda: sandbox_cycle(backend, task, argv, False), args.rounds)
-                await backend.wait_removed()
-                full_median = await median_of(lambda: sandbox_cycle(backend, task, argv, True), args.rounds)
-                box_rate = await rate_of(lambda: sandbox_cycle(backend, task, argv, False), args.rounds * 2,
-                                         args.concurrency, settle=backend.wait_removed)
-                print(f"{name:8} {label:13} {ms(bare_median)} {ms(box_median, 8)} {box_median / bare_median:5.2f}x "
-                      f"{ms(full_median, 9)} {full_median / bare_median:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}")
+                returned = statistics.median(t for t, _ in box_times[label])
+                removed = statistics.median(t for _, t in box_times[label])
+                box_rate = await rate_of(lambda: sandbox_cycle(backend, task, argv), args.rounds * 2,
+                                         args.concurrency, settle=backend.settle)
+                print(f"{name:8} {label:13} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
+                      f"{ms(removed, 9)} {removed / bare:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}")
     finally:
         for _, backend in backends:
             await backend.aclose()

@@ -318,6 +318,11 @@ class LocalSandboxBackend:
         """Wait until every destroyed sandbox's processes are reaped and its cgroup and folder removed."""
         await asyncio.gather(*(s.wait_removed() for s in list(self._sandboxes)), return_exceptions=True)
 
+    async def settle(self) -> None:
+        """Wait until the background work is done: warm-pool refills and removals of destroyed sandboxes."""
+        await asyncio.gather(*self._refills.values(), return_exceptions=True)
+        await self.wait_removed()
+
     async def __aenter__(self) -> LocalSandboxBackend:
         return self
 

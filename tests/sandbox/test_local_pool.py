@@ -34,7 +34,9 @@ async def test_warm_sandboxes_are_seeded_isolated_and_cleaned_up(sandbox_root: P
         assert (await first.exec("cat a.txt")).stdout == "one"
         await first.destroy()
         await warm.destroy()
-        await _wait_warm(backend, 2)
+        await backend.settle()  # refills and removals done: only the two warm sandboxes' folders are left
+        (ready,) = backend._pool.values()
+        assert len(ready) == 2 and sorted(p.name for p in sandbox_root.iterdir()) == sorted(b.id for b in ready)
     # aclose destroyed the warm ones too: no sandbox folder is left
     assert [p for p in sandbox_root.iterdir() if p.name.startswith("sbx-")] == []
 
