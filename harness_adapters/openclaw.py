@@ -5,7 +5,10 @@
 The API style is selectable: openai-responses (default: the only mode whose `input` list is an exact prefix
 extension of the previous call), openai-completions, anthropic-messages (both rewrite history; HARNESSES.md §2).
 OpenClaw has no loop guard of its own (2,205 calls in one measured run), so the proxy's per-rollout call cap
-matters here. MCP servers go in the config's `mcp.servers` (stdio: command, args, env).
+matters here. MCP servers go in the config's `mcp.servers` (stdio: command, args, env). OpenClaw's default
+Tool Search ("tools" mode) does not put their tools in the request's `tools`: they are cataloged as
+`<server>__<tool>` behind `tool_search` / `tool_describe` / `tool_call`; `tool_search=False` offers every
+schema directly instead (45 tools, ~80 kB, against 11 and ~10 kB). Both measured in docs/harnesses.md.
 
 Start-up (docs/harnesses.md): OpenClaw turns on Node's on-disk compile cache itself, but under
 `os.tmpdir()`, which is the sandbox's private /tmp, so every rollout compiled its ~7,000 modules from
@@ -54,10 +57,13 @@ class OpenClawAdapter(CliHarnessAdapter):
         max_tokens: int = 4096,
         state_dir: str | None = None,
         compile_cache: bool | str | Path = True,
+        tool_search: bool | str | None = None,
         **kw: Any,
     ) -> None:
         """compile_cache: True reads `<install>/openclaw-compile-cache` when it is there; False leaves OpenClaw's
-        own (cold, per-sandbox) cache; a path reads (and, if writable in the sandbox, fills) that folder."""
+        own (cold, per-sandbox) cache; a path reads (and, if writable in the sandbox, fills) that folder.
+        tool_search: written as `tools.toolSearch` (False: direct schemas; "tools"/"directory"/"code": its modes);
+        None leaves OpenClaw's default (structured "tools" mode)."""
         super().__init__(**kw)
         style = ApiStyle(api_style)
         if style not in OPENCLAW_APIS:
@@ -69,6 +75,7 @@ class OpenClawAdapter(CliHarnessAdapter):
         self.max_tokens = max_tokens
         self.state_dir = state_dir
         self.compile_cache = compile_cache
+        self.tool_search = tool_search
 
     def compile_cache_dir(self) -> str | None:
         """The Node compile cache folder this adapter points OpenClaw at, or None for OpenClaw's default."""
@@ -105,6 +112,8 @@ class OpenClawAdapter(CliHarnessAdapter):
                 },
             },
         }
+        if self.tool_search is not None:
+            config["tools"] = {"toolSearch": self.tool_search if isinstance(self.tool_search, bool) else {"mode": self.tool_search}}
         if self.mcp_servers:
             config["mcp"] = {
                 "servers": {
