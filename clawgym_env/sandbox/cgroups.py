@@ -105,6 +105,11 @@ class SandboxCgroup:
         """How many forks the process-count limit refused so far."""
         return _read_counter(self.pids_dir / "pids.events", "max")
 
+    def kill_all(self) -> None:
+        """SIGKILL every process in the sandbox at once, rather than one after the other as the PID
+        namespace unwinds once its first process is gone."""
+        _kill_members(self.pids_dir)
+
     def remove(self) -> None:
         """Remove the folders. The kernel refuses while a killed process is still exiting (usually well
         under a millisecond), so retry, with waits growing from 0.25 ms to 20 ms, for up to ~1 s."""

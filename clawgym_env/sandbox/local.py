@@ -773,6 +773,8 @@ class LocalSandbox:
         if self._process is not None and self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, signal.SIGKILL)
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
 
     def _remove_host_state(self) -> None:
         with self._remove_lock:  # the background thread and an exit-time call may race
