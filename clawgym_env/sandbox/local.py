@@ -442,8 +442,12 @@ class LocalSandbox:
         self._control = host_end
         args = self._bwrap_args(init_end.fileno())
         if self._cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is in it
-            joins = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in self._cgroup.procs_files)
-            args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *args]
+            procs = [str(f) for f in self._cgroup.procs_files]
+            if self._backend.init_binary is not None:  # the C init doubles as the launcher: no shell to start
+                args = [str(self._backend.init_binary), "--in-cgroup", *procs, "--", *args]
+            else:
+                joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs)
+                args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *args]
         with open(self._stderr_path, "wb") as stderr:
             self._process = await asyncio.create_subprocess_exec(
                 *args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,

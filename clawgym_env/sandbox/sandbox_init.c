@@ -4,6 +4,8 @@
  * interpreter start-up, which is most of what a sandbox costs beyond bubblewrap itself.
  *
  * argv: <control fd> <rlimits "name=value,..."> [<relay port> <relay unix socket>]
+ * On the host, the same binary also starts bubblewrap inside the sandbox's cgroup, in place of a shell:
+ *   --in-cgroup <cgroup.procs file>... -- <bwrap argv>   (joins each cgroup, then execs bwrap)
  * Requests (SOCK_SEQPACKET, one per message, fields separated by NUL):
  *   exec \0 <id> \0 <cwd> \0 <argc> \0 <argv...> \0 <NAME=value...>   with stdin/stdout/stderr attached
  *   kill \0 <id>                                                       (SCM_RIGHTS)
@@ -257,7 +259,27 @@ static void handle(char *data, ssize_t length, int *fds, int n_fds) {
     for (int i = 0; i < n_fds; i++) close(fds[i]);
 }
 
+/* Host side: join the cgroups (writing "0" moves the writer), then exec the rest (bwrap). */
+static int exec_in_cgroups(char **args) {
+    for (; *args && strcmp(*args, "--") != 0; args++) {
+        int fd = open(*args, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, "0", 1) != 1) {
+            fprintf(stderr, "clawgym: cannot join the cgroup %s: %s\n", *args, strerror(errno));
+            return 127;
+        }
+        close(fd);
+    }
+    if (!*args || !args[1]) {
+        fprintf(stderr, "usage: --in-cgroup <cgroup.procs>... -- <command>\n");
+        return 2;
+    }
+    execvp(args[1], args + 1);
+    fprintf(stderr, "clawgym: cannot run %s: %s\n", args[1], strerror(errno));
+    return 127;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--in-cgroup") == 0) return exec_in_cgroups(argv + 2);
     if (argc < 3) {
         fprintf(stderr, "usage: %s <control fd> <rlimits> [<relay port> <relay socket>]\n", argv[0]);
         return 2;

@@ -308,3 +308,14 @@ def test_broken_namespaces_are_a_clear_error(tmp_path: Path) -> None:
     fake.chmod(0o755)
     with pytest.raises(SandboxUnavailable, match="user and mount namespaces"):
         LocalSandboxBackend(root=tmp_path, bwrap=str(fake))
+
+
+async def test_the_whole_sandbox_runs_in_its_cgroup(backend: LocalSandboxBackend) -> None:
+    if backend.limit_mode != "cgroup":
+        pytest.skip("this machine gives no writable cgroup (rlimit mode is tested in test_local_security)")
+    async with await backend.create(make_task()) as box:
+        await box.exec("sleep 30.5 >/dev/null 2>&1 &")
+        (sleeper,) = _running_commands("sleep 30.5")
+        for procs in box._cgroup.procs_files:  # joined before bwrap started (C launcher or shell)
+            members = {int(pid) for pid in procs.read_text().split()}
+            assert box._process.pid in members and sleeper in members
