@@ -113,7 +113,8 @@ class OpenClawAdapter(CliHarnessAdapter):
             },
         }
         if self.tool_search is not None:
-            config["tools"] = {"toolSearch": self.tool_search if isinstance(self.tool_search, bool) else {"mode": self.tool_search}}
+            mode = self.tool_search if isinstance(self.tool_search, bool) else {"mode": self.tool_search}
+            config["tools"] = {"toolSearch": mode}
         if self.mcp_servers:
             config["mcp"] = {
                 "servers": {
@@ -198,10 +199,11 @@ async def build_compile_cache(install: HarnessInstall | None = None, *, force: b
     tokenizer = load_qwen_tokenizer()
     write = {"name": "write", "arguments": {"path": f"{DEFAULT_MOUNT_PATH}/cache.txt", "content": "ok"}}
     engine = ScriptedTestEngine(tokenizer, ["<tool_call>\n" + json.dumps(write) + "\n</tool_call>", "Done."])
-    task = TaskSpec(id="openclaw-compile-cache", instruction="Write ok into cache.txt.", verifier=keep_cache, timeout_s=300)
-    adapter = _CacheFillingAdapter(install_root=install.root)
+    task = TaskSpec(id="openclaw-compile-cache", instruction="Write ok into cache.txt.", verifier=keep_cache,
+                    timeout_s=300)  # fmt: skip
+    policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))
     async with serving_stack() as stack:
-        result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=ChatMLRenderer(tokenizer)),
+        result = await run_rollout(task=task, adapter=_CacheFillingAdapter(install_root=install.root), policy=policy,
                                    backend=stack.backend, proxy=stack.proxy, options=EnvOptions(max_calls=8))  # fmt: skip
     if result.reward != 1.0 or not staging.is_dir():
         shutil.rmtree(staging, ignore_errors=True)
