@@ -56,6 +56,11 @@ if ! stamp_ok "$VENV/.clawgym-deps" "$deps_key"; then
   echo "$deps_key" > "$VENV/.clawgym-deps"
 fi
 
+# 3b. The sandbox's C init, built once with the machine's C compiler and cached (docs/sandbox.md); without a
+#     compiler the sandboxes run the Python init instead, which starts ~15 ms slower.
+"$PY" -c 'from clawgym_env.sandbox.native_init import build_init; build_init()' 2>&1 \
+  || say "warning: sandboxes will use the slower Python init (no C compiler? apt-get install -y gcc)"
+
 # 4. Harness CLIs from the npm registry into a cache shared (read-only) by all sandboxes.
 HDIR="$CACHE/harnesses"
 harness_key="$NODE_PKG $HARNESS_PKGS"
