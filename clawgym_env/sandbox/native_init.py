@@ -49,9 +49,13 @@ def build_init(compiler: str | None = None, cache: Path | None = None) -> Path:
     folder = cache or cache_dir()
     target = folder / f"sandbox-init-{digest}"
     if os.access(target, os.X_OK):
+        _check_owned(target)
         return target
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(prefix=target.name + ".", dir=folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, partial = tempfile.mkstemp(prefix=target.name + ".", dir=folder)
+    except OSError as exc:
+        raise RuntimeError(f"cannot write the C init to {folder}: {exc} (set $CLAWGYM_INIT_CACHE)") from exc
     os.close(fd)
     try:
         done = subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=120)
@@ -66,3 +70,10 @@ def build_init(compiler: str | None = None, cache: Path | None = None) -> Path:
             os.unlink(partial)
     log.info("built the C sandbox init at %s", target)
     return target
+
+
+def _check_owned(path: Path) -> None:
+    """The binary also runs on the host (it launches bwrap): refuse one that someone else could have put there."""
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise RuntimeError(f"{path} is not owned by this user or is writable by others; remove it to rebuild")

@@ -23,12 +23,18 @@ def test_build_is_cached_and_a_failing_compiler_is_a_clear_error(tmp_path: Path)
     assert os.access(built, os.X_OK) and built.parent == tmp_path
     stamp = built.stat().st_mtime_ns
     assert build_init(cache=tmp_path) == built and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    built.chmod(0o777)  # writable by others: someone could have swapped it, and it runs on the host
+    with pytest.raises(RuntimeError, match="writable by others"):
+        build_init(cache=tmp_path)
+    built.chmod(0o755)
     broken = tmp_path / "broken-cc"  # a stand-in compiler that fails like a broken toolchain
     broken.write_text("#!/bin/sh\necho 'cc1: internal compiler error' >&2\nexit 1\n")
     broken.chmod(0o755)
     with pytest.raises(RuntimeError, match="internal compiler error"):
         build_init(compiler=str(broken), cache=tmp_path / "other")
     assert [p.name for p in (tmp_path / "other").iterdir()] == []  # no half-built binary left
+    with pytest.raises(RuntimeError, match="cannot write the C init"):
+        build_init(cache=Path("/proc/clawgym-no-such-folder"))
 
 
 async def test_without_a_compiler_auto_falls_back_to_the_python_init(
