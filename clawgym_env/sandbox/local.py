@@ -1,6 +1,7 @@
 """The local sandbox backend: one bubblewrap sandbox per rollout.
 
-Each sandbox is one long-lived `bwrap` process whose child, `sandbox_init.py`, holds the namespaces:
+Each sandbox is one long-lived `bwrap` process whose child, the init (`sandbox_init.c` compiled by
+native_init.py, or `sandbox_init.py` where no C compiler exists), holds the namespaces:
 read-only view of the host (`--ro-bind / /`), private writable workspace bound at the task's mount path,
 private tmpfs /tmp, /root (HOME) and /run, its own PID/net/IPC/UTS/user namespaces (loopback only), no
 capabilities. Commands are started by that init (so they share its namespaces and limits) on request over a
@@ -722,11 +723,11 @@ class LocalSandbox:
     async def destroy(self) -> None:
         """Kill everything in the sandbox; safe to call twice.
 
-        Returns once SIGKILL is sent: nothing in the sandbox runs on, its control socket is closed and the
-        sandbox refuses further use. Reaping its processes and removing its cgroup and host folder (~5-25 ms,
-        mostly waiting for the kernel to tear the namespaces down) continue in the background:
-        `wait_removed()` waits for that, `backend.aclose()` waits for all of them, and at interpreter exit
-        (or if the event loop closes first) the atexit hook finishes any removal still pending.
+        Returns once SIGKILL is sent (to bwrap's process group and to every process in the sandbox's
+        cgroup): its control socket is closed and the sandbox refuses further use. Reaping, removing its
+        cgroup and host folder (a few ms: the kernel finishing the kill, folder removal on disk) continue in
+        a background task: `wait_removed()` waits for it, `backend.aclose()` for all of them; cancelled
+        (the event loop closing) it finishes synchronously, and the atexit hook covers the rest.
         """
         if self._destroyed:
             return
