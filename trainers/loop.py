@@ -306,7 +306,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 plot_metrics(logger.path, run_dir / "metrics.png")
 
     final_eval = eval_now("end") if cfg.steps > 0 or last_eval is None else last_eval
-    summary.update({"steps": trainer.step, "eval_start": start_eval, "eval_end": final_eval})
+    summary.update({"steps": trainer.step, "eval_start": start_eval, "eval_end": final_eval,
+                    "failures": runtime.failures.as_dict() if runtime is not None else {}})  # fmt: skip
     if main_rank:
         if logger.path.is_file():
             plot_metrics(logger.path, run_dir / "metrics.png")

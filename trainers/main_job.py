@@ -123,6 +123,7 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
         "tree": {k.split("/", 1)[1]: total(k) for k in (train_rows[-1] if train_rows else {}) if k.startswith("tree/")},
         "time_s": {"rollouts": total("rollout_s"), "updates": total("update_s"), "total": wall_s},
         "plot": str(run_dir / "metrics.png"),
+        "failures": summary.get("failures") or {},
     }
     report["time_s"]["evaluation_and_setup"] = max(0.0, wall_s - report["time_s"]["rollouts"] - report["time_s"]["updates"])
     return report
@@ -141,6 +142,9 @@ def render_report(report: dict[str, Any]) -> Table:
         table.add_row(f"held-out reward, {harness}: before → after", f"{fmt(r['before'])} → {fmt(r['after'])}")
     table.add_row("training reward by step", " ".join(fmt(x, 2) for x in report["train_reward_by_step"]))
     table.add_row("rollouts (failed)", f"{report['rollouts']:.0f} ({report['rollouts_failed']:.0f})")
+    reasons = sorted(((n, f"{stage}: {why}") for stage, c in report.get("failures", {}).items() for why, n in c.items()), reverse=True)
+    for n, why in reasons[:5]:  # training and evaluation rollouts alike
+        table.add_row(f"  failure: {why}", f"{n}")
     table.add_row("GRPO groups (degenerate: all rewards equal)", f"{report['groups']:.0f} ({report['groups_degenerate']:.0f})")
     table.add_row("updates skipped (no signal)", f"{report['updates_skipped']:.0f}")
     table.add_row("tokens trained (unique tree tokens / branch tokens)",

@@ -33,3 +33,17 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert report["tree"]["calls"] >= 4  # every rollout made at least one real model call through pi
     assert (run_dir / "metrics.png").stat().st_size > 0
     assert (run_dir / "rollouts" / "calls.jsonl").is_file()
+
+
+def test_report_lists_failure_reasons(tmp_path):
+    """A run whose rollouts fail says why in its summary table, not only how many."""
+    from trainers.main_job import build_report, render_report
+    from rich.console import Console
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "train", "rollouts": 2, "rollouts_failed": 2}) + "\n")
+    summary = {"steps": 1, "failures": {"sandbox": {"SandboxError: did not start": 2}}}
+    report = build_report(tmp_path, summary, 1.0)
+    assert report["failures"] == {"sandbox": {"SandboxError: did not start": 2}}
+    console = Console(record=True, width=200)
+    console.print(render_report(report))
+    assert "failure: sandbox: SandboxError: did not start" in console.export_text()
