@@ -50,6 +50,9 @@ class OptimConfig(BaseModel):
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     token_budget: int = Field(default=4096, ge=1, description="unique tokens per packed micro-batch")
+    share_prompts: bool = Field(
+        default=True, description="compute a group's common leading prompt once per micro-batch (exact; off = each rollout alone)"
+    )
     epochs: int = Field(default=1, ge=1, description="passes over each step's batch")
     minibatches: int = Field(default=1, ge=1, description="optimizer steps per pass")
 

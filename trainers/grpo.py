@@ -54,7 +54,7 @@ def rollout_metrics(rollouts: RolloutBatch) -> dict[str, float]:
 
 
 def grpo_micro_batches(
-    rollouts: RolloutBatch, config: GRPOConfig, token_budget: int
+    rollouts: RolloutBatch, config: GRPOConfig, token_budget: int, share_prompts: bool = True
 ) -> tuple[list[TreeBatch], dict[str, float]]:
     adv, signal, metrics = grpo_advantages(
         rollouts.rewards, rollouts.statuses, rollouts.task_ids, rollouts.harnesses, normalize_std=config.normalize_std
@@ -66,7 +66,7 @@ def grpo_micro_batches(
     metrics.update(rollout_metrics(rollouts))
     forests = [rollouts.forests[i] for i in kept]
     token_adv = [broadcast_advantage(rollouts.forests[i], float(adv[i])) for i in kept]
-    return build_micro_batches(forests, kept, token_adv, token_budget), metrics
+    return build_micro_batches(forests, kept, token_adv, token_budget, share_context=share_prompts), metrics
 
 
 # ------------------------------------------------------------------------------ 4: the loss of a micro-batch
@@ -114,7 +114,8 @@ class GRPO:
         self.config = config or GRPOConfig()
 
     def prepare(self, trainer, rollouts: RolloutBatch) -> tuple[list[TreeBatch], dict[str, float]]:  # noqa: ANN001
-        return grpo_micro_batches(rollouts, self.config, trainer.optim_config.token_budget)
+        optim = trainer.optim_config
+        return grpo_micro_batches(rollouts, self.config, optim.token_budget, optim.share_prompts)
 
     def micro_batch_loss(self, trainer, mb: TreeBatch, normalizer: float) -> LossParts:  # noqa: ANN001
         return policy_micro_batch_loss(trainer.model, mb, normalizer, self.config, trainer.ref_model)

@@ -36,7 +36,7 @@ class PPOConfig(GRPOConfig):
 
 
 def ppo_micro_batches(
-    rollouts: RolloutBatch, critic: Critic, config: PPOConfig, token_budget: int
+    rollouts: RolloutBatch, critic: Critic, config: PPOConfig, token_budget: int, share_prompts: bool = True
 ) -> tuple[list[TreeBatch], dict[str, float]]:
     # 1. usable rollouts
     ok = np.array([s == "ok" and f.ok for s, f in zip(rollouts.statuses, rollouts.forests)], dtype=bool)
@@ -53,7 +53,7 @@ def ppo_micro_batches(
     # 2. pack (advantages filled below)
     forests = [rollouts.forests[i] for i in kept]
     zeros = [np.zeros(f.num_tokens, np.float32) for f in forests]
-    micro_batches = build_micro_batches(forests, kept, zeros, token_budget)
+    micro_batches = build_micro_batches(forests, kept, zeros, token_budget, share_context=share_prompts)
     # 3-4. critic values, then GAE per branch
     with torch.no_grad():
         for mb in micro_batches:
@@ -83,7 +83,8 @@ class PPO:
     def prepare(self, trainer, rollouts: RolloutBatch) -> tuple[list[TreeBatch], dict[str, float]]:  # noqa: ANN001
         if trainer.critic is None:
             raise ValueError("PPO needs a critic: pass critic=trainers.tree_forward.Critic(model_copy) to the Trainer")
-        return ppo_micro_batches(rollouts, trainer.critic, self.config, trainer.optim_config.token_budget)
+        optim = trainer.optim_config
+        return ppo_micro_batches(rollouts, trainer.critic, self.config, optim.token_budget, optim.share_prompts)
 
     def micro_batch_loss(self, trainer, mb: TreeBatch, normalizer: float) -> LossParts:  # noqa: ANN001
         parts = policy_micro_batch_loss(trainer.model, mb, normalizer, self.config, trainer.ref_model)

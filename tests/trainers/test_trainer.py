@@ -125,3 +125,28 @@ def test_lora_trains_adapters_only_and_exports_merged_weights() -> None:
         assert torch.allclose(v, plain[k], atol=1e-6)
     changed = [k for k in exported if not torch.equal(exported[k], base_before[k])]
     assert changed and all(any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in changed)
+
+
+def test_shared_prompts_train_exactly_like_separate_rollouts() -> None:
+    """optim.share_prompts computes a group's common prompt once; the update must not change."""
+    import numpy as np
+
+    from clawgym_env.trajectory.packing import leading_context
+
+    batch = source(3).next_batch()
+    prompt = np.random.default_rng(7).integers(0, VOCAB, size=8)
+    for f in batch.forests:  # the rollouts of one task start with one system prompt, as through a harness
+        chain = leading_context(f)
+        f.tokens = f.tokens.copy()
+        f.tokens[chain[:8]] = prompt
+    results = {}
+    for share in (False, True):
+        model = small_qwen3(0)
+        trainer = Trainer(model, GRPO(), OPTIM.model_copy(update={"token_budget": 10_000, "share_prompts": share}))
+        metrics = trainer.update(batch)
+        results[share] = (metrics, params(model))
+    (plain, p_plain), (shared, p_shared) = results[False], results[True]
+    assert shared["unique_tokens"] < plain["unique_tokens"] and shared["branch_tokens"] == plain["branch_tokens"]
+    assert shared["loss"] == pytest.approx(plain["loss"], abs=1e-5)
+    for a, b in zip(p_plain, p_shared):
+        assert torch.allclose(a, b, atol=1e-5)
