@@ -7,6 +7,8 @@
 The action is the policy itself (an engine plus its renderer): the harness owns the control flow, so
 the agent's many model calls all happen inside one step. A failed rollout returns `truncated=True`,
 reward 0.0 and `info["status"] == "failed"` with the stage and reason; it is never a zero-reward success.
+With `score_capped=True`, a rollout the proxy cut off at its call or token cap is `truncated=True` too, but
+verified and scored (`info["status"] == "ok"`, `info["truncated_by"]` names the cap).
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ class ClawGymEnv(gym.Env[dict[str, str], Policy]):
         result = self.runtime.run(self.arollout(action, self._task))
         self._done = True
         self.last_result = result
-        return result.forest, float(result.reward), True, result.status != "ok", result.info()
+        truncated = result.status != "ok" or result.truncated_by is not None
+        return result.forest, float(result.reward), True, truncated, result.info()
 
     async def arollout(self, policy: Policy, task: TaskSpec, rollout_id: str | None = None) -> RolloutResult:
         """One rollout as a coroutine on the runtime loop (the vector env gathers many of these)."""

@@ -56,6 +56,7 @@ class RolloutResult(BaseModel):
     forest: TrajectoryForest
     calls: list[ModelCall] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
+    truncated_by: str | None = None  # "call_cap" | "token_cap": cut off by the proxy, scored (score_capped)
 
     def info(self) -> dict[str, Any]:
         """The `info` dict of `env.step`."""
@@ -70,6 +71,7 @@ class RolloutResult(BaseModel):
             "verifier_error": self.verifier.error if self.verifier else None,
             "harness_result": self.harness_result.model_dump(exclude={"events"}) if self.harness_result else None,
             "num_calls": len(self.calls),
+            "truncated_by": self.truncated_by,
             "forest_stats": self.forest.stats.model_dump(),
             "timings": dict(self.timings),
         }
@@ -102,6 +104,7 @@ async def run_rollout(
     calls: list[ModelCall] = []
     sandbox = None
     route_open = False
+    truncated_by: str | None = None
     in_process = adapter.api_style == ApiStyle.IN_PROCESS
 
     def fail(stage: str, exc: BaseException | str) -> RolloutFailure:
@@ -153,9 +156,11 @@ async def run_rollout(
             try:
                 # The adapter enforces the wall-time limit itself; this outer guard catches a hung adapter.
                 harness_result = await asyncio.wait_for(adapter.run(ctx), timeout=timeout_s + 30)
+                if options.score_capped:
+                    truncated_by = budget_cap_hit(proxy, rollout_id)
                 if harness_result.timed_out:
                     failure = fail("timeout", f"harness ran past its {timeout_s:.0f} s limit")
-                elif not harness_result.success:
+                elif not harness_result.success and truncated_by is None:
                     failure = fail("harness", harness_result.error or f"exit code {harness_result.exit_code}")
             except asyncio.TimeoutError:
                 failure = fail("timeout", f"harness adapter did not return within {timeout_s + 30:.0f} s")
@@ -218,7 +223,24 @@ async def run_rollout(
         forest=forest,
         calls=calls,
         timings=timings,
+        truncated_by=truncated_by,
     )
+
+
+def budget_cap_hit(proxy: ServingProxy | None, rollout_id: str) -> str | None:
+    """"call_cap" or "token_cap" when the proxy refused a call of this rollout for its budget, else None.
+
+    A harness reports that refusal as an API error and stops. By default that is a failure (a flooding
+    harness is a fault); with `EnvOptions.score_capped` the rollout is truncated instead: the workspace is
+    verified and the forest trained on, as RL treats an episode cut at its step limit.
+    """
+    if proxy is None:
+        return None
+    try:
+        kinds = proxy.stats(rollout_id).error_kinds
+    except KeyError:
+        return None
+    return next((k for k in ("call_cap", "token_cap") if kinds.get(k)), None)
 
 
 async def _verify(

@@ -227,6 +227,11 @@ class EnvOptions(BaseModel):
     harness_options: dict[str, Any] = Field(default_factory=dict)
     max_calls: int = Field(default=48, ge=1, description="per-rollout cap on model calls (OpenClaw has no loop guard)")
     max_rollout_tokens: int = Field(default=262_144, ge=1, description="per-rollout cap on generated + prompt tokens")
+    score_capped: bool = Field(
+        default=False,
+        description="a rollout the proxy cut off at max_calls / max_rollout_tokens is truncated but still verified "
+        "and scored (and trained on), instead of failing; for small policies that loop on tool calls",
+    )
     max_new_tokens: int = Field(default=1024, ge=1, description="per-call cap on generated tokens")
     temperature: float = Field(default=1.0, ge=0)
     rollout_timeout_s: float | None = Field(default=None, gt=0, description="overrides the task's own timeout")

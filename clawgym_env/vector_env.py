@@ -69,7 +69,7 @@ class ClawGymVectorEnv(VectorEnv):
         forests = [r.forest for r in results]
         rewards = np.array([r.reward for r in results], dtype=np.float64)
         terminated = np.ones(self.num_envs, dtype=bool)
-        truncated = np.array([r.status != "ok" for r in results], dtype=bool)
+        truncated = np.array([r.status != "ok" or r.truncated_by is not None for r in results], dtype=bool)
         info = {
             "status": np.array([r.status for r in results], dtype=object),
             "failure": [r.failure.model_dump() if r.failure else None for r in results],

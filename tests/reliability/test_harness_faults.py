@@ -117,3 +117,18 @@ def test_real_claude_code_crashing_on_a_bad_option_is_counted(make_env, claude_i
     assert truncated and reward == 0.0 and info["failure"]["stage"] == "harness"
     assert "no-such-option" in info["failure"]["reason"] or "unknown option" in info["failure"]["reason"]
     assert info["num_calls"] == 0 and env.runtime.failures.total() == 1
+
+
+def test_score_capped_verifies_a_rollout_cut_at_its_call_cap(make_env):
+    """With score_capped, the call cap truncates instead of failing: the workspace is still verified."""
+    env = make_env(max_calls=3, score_capped=True)
+    done = {"notes.md": "The answer is 42.\n", doubles.ANSWER_FILE: f"{doubles.ANSWER}\n"}
+    tasks = [doubles.fault_task("flood", 0, workspace=done), doubles.fault_task("flood", 1), doubles.fault_task("crash", 2)]
+    flood_done, flood_empty, crash = env.runtime.run(_batch(env, doubles.scripted_policy(), tasks))
+    assert (flood_done.status, flood_done.truncated_by, flood_done.reward) == ("ok", "call_cap", 1.0)
+    assert (flood_empty.status, flood_empty.truncated_by, flood_empty.reward) == ("ok", "call_cap", 0.0)
+    assert flood_done.forest.ok and flood_done.forest.reward == 1.0  # trainable, with its reward
+    assert sum(1 for c in flood_done.calls if c.error is None) == 3
+    # other faults still fail
+    assert crash.status == "failed" and crash.truncated_by is None and crash.failure.stage == "harness"
+    assert env.runtime.failures.total() == 1
