@@ -199,7 +199,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     ref_model = frozen_copy(model) if algo_cfg.kl_coef else None
-    critic = Critic(copy.deepcopy(unwrap(model) if not cfg.model.lora.enabled else _plain(model))) if isinstance(algo_cfg, PPOConfig) else None
+    critic = (
+        Critic(copy.deepcopy(unwrap(model) if not cfg.model.lora.enabled else _plain(model)), train_trunk=algo_cfg.train_critic_trunk)
+        if isinstance(algo_cfg, PPOConfig)
+        else None
+    )
     model.to(cfg.device)
     if critic is not None:
         critic.to(cfg.device)

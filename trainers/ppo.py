@@ -33,6 +33,9 @@ class PPOConfig(GRPOConfig):
     vf_coef: float = Field(default=0.5, ge=0, description="weight of the value loss")
     value_clip: float | None = Field(default=0.2, gt=0, description="PPO value clipping (null = off)")
     normalize_advantages: bool = Field(default=True, description="whiten advantages over the batch's trained tokens")
+    train_critic_trunk: bool = Field(
+        default=True, description="train the critic's transformer trunk (false: only its value head, on frozen features; ~2x cheaper)"
+    )
 
 
 def ppo_micro_batches(

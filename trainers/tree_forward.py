@@ -110,17 +110,24 @@ class Critic(nn.Module):
     hidden state of `parents[t]`, the same row whose logits predict t.
     """
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: nn.Module, *, train_trunk: bool = True) -> None:
         super().__init__()
         decoder, head = decoder_and_head(backbone)
         self.decoder = decoder
+        self.train_trunk = train_trunk
+        if not train_trunk:  # a value head on the frozen base model's features: no backward through a 2nd trunk
+            self.decoder.requires_grad_(False)
         hidden = head.weight.shape[1]
         self.value_head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
     def forward(self, batch: TreeBatch) -> torch.Tensor:
-        hidden = hidden_states(self.decoder, batch)
+        if self.train_trunk:
+            hidden = hidden_states(self.decoder, batch)
+        else:
+            with torch.no_grad():
+                hidden = hidden_states(self.decoder, batch)
         parents = batch.parents.to(hidden.device)
         values = self.value_head(hidden[parents.clamp(min=0)]).squeeze(-1).float()
         return torch.where(parents >= 0, values, torch.zeros_like(values))

@@ -112,6 +112,20 @@ def test_ppo_update_trains_policy_and_critic() -> None:
     assert any(not torch.equal(a, b) for a, b in zip(before, critic.parameters()))
 
 
+def test_ppo_with_a_frozen_critic_trunk_trains_only_the_value_head() -> None:
+    critic = Critic(small_qwen3(1), train_trunk=False)
+    trainer = Trainer(small_qwen3(0), PPO(PPOConfig(train_critic_trunk=False)), OPTIM, critic=critic)
+    trunk_before = [p.detach().clone() for p in critic.decoder.parameters()]
+    head_before = critic.value_head.weight.detach().clone()
+    batch = source(3).next_batch()
+    m1 = trainer.update(batch)
+    for _ in range(3):
+        m = trainer.update(batch)
+    assert m["value_loss"] < m1["value_loss"]
+    assert not torch.equal(head_before, critic.value_head.weight)
+    assert all(torch.equal(a, b) for a, b in zip(trunk_before, critic.decoder.parameters()))
+
+
 def test_lora_trains_adapters_only_and_exports_merged_weights() -> None:
     model = apply_lora(small_qwen3(0), LoraSettings(enabled=True, r=4, alpha=8))
     trainer = Trainer(model, GRPO(), OPTIM)
