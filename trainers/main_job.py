@@ -20,18 +20,28 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+# The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
+# few GRPO steps move the policy; one task x 8 rollouts per step, so the group's 1.4k-token pi prompt is
+# prefilled once by the engine and packed once by the trainer; 3 calls per rollout (the 0.5B model writes
+# the file and then tends to write it again), capped rollouts verified rather than failed.
 MAIN_OVERRIDES = [
     "algorithm=grpo",
     "model=qwen2.5-coder-0.5b",
+    "model.lora.enabled=true",
     "env=clawgym_pi",
     "steps=6",
-    "env.group_size=4",
+    "env.group_size=8",
     "env.tasks_per_step=1",
-    "env.eval_tasks=6",
-    "eval.repeats=1",
+    "env.eval_tasks=8",
+    "env.max_concurrency=8",
+    "env.options.max_new_tokens=96",
+    "env.options.max_calls=3",
+    "+env.options.score_capped=true",
+    "engine.options.max_batch_size=16",
+    "eval.repeats=2",
     "eval.every=0",
     "checkpoint.every=2",
-    "optim.lr=2.0e-6",
+    "optim.lr=2.0e-4",
 ]
 QUICK_OVERRIDES = [
     "model=tiny-qwen3",
