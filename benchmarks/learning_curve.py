@@ -25,11 +25,30 @@ from trainers.loop import train
 from trainers.main import compose
 
 
+def finished_summary(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
+    """The summary of an earlier run in `run_dir` with the same config (run dir and display aside), if any:
+    a benchmark of hours is resumable run by run."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        done = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    want = json.loads(cfg.model_dump_json())
+    for c in (done, want):
+        c.pop("run_dir", None)
+        c.get("logging", {}).pop("progress", None)
+    return summary if done == want and summary.get("eval_end") else None
+
+
 def run(algorithm: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
     run_dir = out / f"{algorithm}-seed{seed}"
     cfg = compose([f"algorithm={algorithm}", f"seed={seed}", f"run_dir={run_dir}", "logging.progress=false", *overrides])
     start = time.perf_counter()
-    summary = train(cfg)
+    summary = finished_summary(run_dir, cfg)
+    if summary is not None:
+        print(f"{run_dir}: finished earlier with this config, reusing its summary")
+    else:
+        summary = train(cfg)
     start_reward = (summary.get("eval_start") or {}).get("eval_reward_mean", float("nan"))
     end_reward = (summary.get("eval_end") or {}).get("eval_reward_mean", float("nan"))
     return {"algorithm": algorithm, "seed": seed, "start": start_reward, "end": end_reward,
