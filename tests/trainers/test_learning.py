@@ -1,8 +1,9 @@
 """Learning tests that can fail: held-out reward must rise by more than the noise over seeds (slow, CPU).
 
 Both run the real stack: Qwen2.5-Coder-0.5B (LoRA) through the pi CLI in local sandboxes behind the
-serving proxy, with a warm start from reference demonstrations recorded through the same harness.
-They take hours on a 2-core machine; `benchmarks/learning_curve.py` is the same run with a table.
+serving proxy, on ClawGymBench level 0, with the main job's recipe (trainers.main_job.MAIN_OVERRIDES).
+About 20 minutes per seed on a 2-core machine; `benchmarks/learning_curve.py` is the same run with a
+table, and docs/trainers.md records what it measured.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from trainers.main_job import MAIN_OVERRIDES
+
 REPO = Path(__file__).resolve().parents[2]
-OVERRIDES = [
-    "env=clawgym_pi", "model=qwen2.5-coder-0.5b", "model.lora.enabled=true", "steps=8",
-    "env.group_size=4", "env.tasks_per_step=2", "env.eval_tasks=4", "eval.repeats=2", "eval.every=0",
-    "optim.lr=5e-5", "threads=2", "checkpoint.every=0",
-    "warm_start.enabled=true", "warm_start.tasks=8", "warm_start.epochs=12", "warm_start.lr=3e-4",
-]  # fmt: skip
+OVERRIDES = [o for o in MAIN_OVERRIDES if not o.startswith("algorithm=")]
+EXTRA = {"grpo": [], "ppo": ["algorithm.train_critic_trunk=false", "optim.critic_lr=1e-3"]}
 
 
 @pytest.mark.slow
@@ -28,7 +27,7 @@ OVERRIDES = [
 def test_training_raises_held_out_reward_above_noise(tmp_path: Path, algorithm: str) -> None:
     from benchmarks.learning_curve import main
 
-    report = main(["--algorithms", algorithm, "--seeds", "0", "1", "--out", str(tmp_path), "--", *OVERRIDES])
+    report = main(["--algorithms", algorithm, "--seeds", "0", "1", "--out", str(tmp_path), "--", *OVERRIDES, *EXTRA[algorithm]])
     result = report["algorithms"][algorithm]
     assert result["learned"], result
 
