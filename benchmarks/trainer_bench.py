@@ -8,7 +8,9 @@ One full GRPO update (forward, backward, AdamW step) on one batch of rollouts, e
 the same weights; reported as unique tree tokens per second (the tokens the batch holds, each once)
 and the ratio packed / per-branch. Rollouts are synthetic ModelCall logs rebuilt by the real
 reconstruction, shaped like OpenClaw sessions (non-prefix calls and kept retries make branches that
-share a long system prompt and tool history). Both modes train the same objective: the losses agree.
+share a long system prompt and tool history). The rollouts of one task start with the same prompt, as
+through a harness, so a third mode packs with `optim.share_prompts` (the group's prompt once per
+micro-batch). All modes train the same objective: the losses agree.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import copy
 import json
 import time
 
+import numpy as np
 import torch
 
+from clawgym_env.trajectory.packing import leading_context
 from trainers.branchwise import BranchwiseGRPO
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
@@ -37,13 +41,23 @@ def make_rollouts(n: int, vocab: int, scale: int, seed: int = 0) -> RolloutBatch
         )  # fmt: skip
         f.reward = float(i % 3 == 0)
         forests.append(f)
+    prompts: dict[str, np.ndarray] = {}
+    for f in forests:  # one task, one harness prompt: overwrite each forest's leading context with its task's
+        chain = leading_context(f)
+        common = prompts.setdefault(f.task_id, f.tokens[chain].copy())
+        n = min(len(chain), len(common))
+        f.tokens = f.tokens.copy()
+        f.tokens[chain[:n]] = common[:n]
     return RolloutBatch.from_forests(forests)
 
 
-def time_update(model: torch.nn.Module, algorithm, batch: RolloutBatch, token_budget: int, repeats: int) -> tuple[float, dict]:
+def time_update(
+    model: torch.nn.Module, algorithm, batch: RolloutBatch, token_budget: int, repeats: int, share_prompts: bool = False
+) -> tuple[float, dict]:
     best, metrics = float("inf"), {}
     for _ in range(repeats):
-        trainer = Trainer(copy.deepcopy(model), algorithm, OptimConfig(lr=1e-5, token_budget=token_budget))
+        optim = OptimConfig(lr=1e-5, token_budget=token_budget, share_prompts=share_prompts)
+        trainer = Trainer(copy.deepcopy(model), algorithm, optim)
         start = time.perf_counter()
         metrics = trainer.update(batch)
         best = min(best, time.perf_counter() - start)
@@ -73,6 +87,7 @@ def main() -> None:
     batch = make_rollouts(args.rollouts, vocab, args.scale)
     config = GRPOConfig(normalize_std=False)
     packed_s, packed_m = time_update(model, GRPO(config), batch, args.token_budget, args.repeats)
+    shared_s, shared_m = time_update(model, GRPO(config), batch, args.token_budget, args.repeats, share_prompts=True)
     branch_s, branch_m = time_update(model, BranchwiseGRPO(config), batch, args.token_budget, args.repeats)
     unique = packed_m["unique_tokens"]
     result = {
@@ -90,6 +105,11 @@ def main() -> None:
         "token_ratio": packed_m["branch_tokens"] / unique,
         "loss_packed": packed_m["loss"],
         "loss_per_branch": branch_m["loss"],
+        "shared_s": shared_s,
+        "shared_packed_tokens": shared_m["unique_tokens"],
+        "shared_unique_tok_per_s": unique / shared_s,
+        "speedup_shared": branch_s / shared_s,
+        "loss_shared": shared_m["loss"],
     }
     if args.json:
         print(json.dumps(result))
@@ -98,9 +118,11 @@ def main() -> None:
           f"{int(result['branch_tokens'])} branch tokens ({result['token_ratio']:.2f}x), {int(result['trained_tokens'])} trained")  # fmt: skip
     print(f"{'mode':<12}{'update s':>10}{'unique tok/s':>15}")
     print(f"{'packed':<12}{packed_s:>10.2f}{result['packed_unique_tok_per_s']:>15.0f}")
+    print(f"{'+ shared':<12}{shared_s:>10.2f}{result['shared_unique_tok_per_s']:>15.0f}   "
+          f"({int(shared_m['unique_tokens'])} packed tokens: the group prompt once per micro-batch)")  # fmt: skip
     print(f"{'per-branch':<12}{branch_s:>10.2f}{result['per_branch_unique_tok_per_s']:>15.0f}")
-    print(f"speedup packed / per-branch: {result['speedup']:.2f}x   "
-          f"(losses {result['loss_packed']:.6f} vs {result['loss_per_branch']:.6f})")  # fmt: skip
+    print(f"speedup packed / per-branch: {result['speedup']:.2f}x, with shared prompts {result['speedup_shared']:.2f}x   "
+          f"(losses {result['loss_packed']:.6f}, {result['loss_shared']:.6f} vs {result['loss_per_branch']:.6f})")  # fmt: skip
 
 
 if __name__ == "__main__":
