@@ -67,6 +67,7 @@ class EvalSettings(Strict):
 
 class CheckpointSettings(Strict):
     every: int = Field(default=10, ge=0)
+    keep: int = Field(default=2, ge=1)  # numbered checkpoints kept (older ones deleted: a 0.5B PPO one is ~4 GB)
     resume: str | None = None  # a .pt path, or "auto" (the run_dir's latest)
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,25 @@ def newest_checkpoint(ckpt_dir: Path) -> str | None:
         return str(numbered[-1])
     latest = ckpt_dir / "latest.pt"
     return str(latest) if latest.is_file() else None
+
+
+def link_latest(saved: Path) -> None:
+    """`latest.pt` as a hard link to the newest numbered checkpoint (no second copy on disk), swapped in
+    atomically; a plain copy where the filesystem has no hard links."""
+    tmp = saved.with_name("latest.pt.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(saved, tmp)
+    except OSError:
+        shutil.copyfile(saved, tmp)
+    tmp.replace(saved.with_name("latest.pt"))
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+    """Delete numbered checkpoints beyond the newest `keep` (latest.pt stays valid: it is its own link)."""
+    numbered = sorted(ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    for old in numbered[:-keep]:
+        old.unlink(missing_ok=True)
 
 
 def tree_metrics(forests: list[Any]) -> dict[str, float]:
@@ -304,8 +325,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 last_eval = eval_now("periodic")
             if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0:
                 extra = {"samplers": [s.state() for s in samplers]}
-                trainer.save_checkpoint(ckpt_dir / f"step_{trainer.step:06d}.pt", extra)
-                trainer.save_checkpoint(ckpt_dir / "latest.pt", extra)
+                saved = trainer.save_checkpoint(ckpt_dir / f"step_{trainer.step:06d}.pt", extra)
+                if main_rank:
+                    link_latest(saved)
+                    prune_checkpoints(ckpt_dir, cfg.checkpoint.keep)
             if main_rank and cfg.logging.plot_every and trainer.step % cfg.logging.plot_every == 0:
                 plot_metrics(logger.path, run_dir / "metrics.png")
 

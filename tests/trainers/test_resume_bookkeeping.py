@@ -26,3 +26,20 @@ def test_truncate_after_drops_the_steps_that_run_again(tmp_path):
     assert logger.truncate_after(2) == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_checkpoints_are_pruned_and_latest_is_a_link(tmp_path) -> None:
+    import os
+
+    from trainers.loop import link_latest, newest_checkpoint, prune_checkpoints
+
+    for step in (2, 4, 6):
+        saved = tmp_path / f"step_{step:06d}.pt"
+        saved.write_bytes(str(step).encode() * 100)
+        link_latest(saved)
+        prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_000004.pt", "step_000006.pt"]
+    latest = tmp_path / "latest.pt"
+    assert latest.read_bytes() == b"6" * 100 and os.path.samefile(latest, tmp_path / "step_000006.pt")
+    assert newest_checkpoint(tmp_path) == str(tmp_path / "step_000006.pt")
+    assert not list(tmp_path.glob("*.tmp"))
