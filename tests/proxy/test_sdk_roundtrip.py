@@ -149,14 +149,7 @@ async def drive_responses(client: openai.AsyncOpenAI, stream: bool, rewrite: boo
     ]
     finals = []
     for _ in range(4):
-        kwargs = dict(model="policy", input=items, tools=tools, store=False)
-        if stream:
-            async with client.responses.stream(**kwargs) as s:
-                async for _event in s:
-                    pass
-                response = await s.get_final_response()
-        else:
-            response = await client.responses.create(**kwargs)
+        response = await responses_turn(client, stream, model="policy", input=items, tools=tools, store=False)
         finals.append(response)
         calls = []
         for item in response.output:
@@ -195,6 +188,16 @@ def client_for(api: str, proxy, route):
     if api == "anthropic":
         return anthropic.AsyncAnthropic(base_url=proxy.base_url(route), api_key=route.api_key, max_retries=0)
     return openai.AsyncOpenAI(base_url=proxy.base_url(route) + "/v1", api_key=route.api_key, max_retries=0)
+
+
+async def responses_turn(client: Any, stream: bool, **kwargs: Any) -> Any:
+    """One Responses call through the SDK, streamed (events drained, final response read) or not."""
+    if not stream:
+        return await client.responses.create(**kwargs)
+    async with client.responses.stream(**kwargs) as s:
+        async for _event in s:
+            pass
+        return await s.get_final_response()
 
 
 DRIVERS = {"anthropic": drive_anthropic, "chat": drive_chat, "responses": drive_responses}
@@ -317,14 +320,7 @@ async def test_namespaced_responses_tools_are_flattened_and_called_back_by_names
     items: list[dict[str, Any]] = [{"role": "user", "content": "Find the answer."}]
     async with client_for("responses", proxy, route) as client:
         for _ in range(2):
-            kwargs = dict(model="policy", input=items, tools=tools, store=False)
-            if stream:
-                async with client.responses.stream(**kwargs) as s:
-                    async for _event in s:
-                        pass
-                    response = await s.get_final_response()
-            else:
-                response = await client.responses.create(**kwargs)
+            response = await responses_turn(client, stream, model="policy", input=items, tools=tools, store=False)
             calls = [i.model_dump(exclude_none=True) for i in response.output if i.type == "function_call"]
             items += [i.model_dump(exclude_none=True) for i in response.output]
             items += [{"type": "function_call_output", "call_id": c["call_id"], "output": "notes.md:1: 42"} for c in calls]
