@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer  # noqa: E402
 from clawgym_env.interfaces import Policy  # noqa: E402
-from clawgym_env.proxy import ChatMLRenderer, ServingProxy  # noqa: E402
+from clawgym_env.proxy import ChatMLRenderer  # noqa: E402
 from clawgym_env.rollout import run_rollout  # noqa: E402
-from clawgym_env.sandbox import make_backend  # noqa: E402
+from clawgym_env.serving_stack import serving_stack  # noqa: E402
 from clawgym_env.specs import EnvOptions, TaskSpec  # noqa: E402
 from harness_adapters.health import _health_check, _write_call, make_adapter  # noqa: E402
 
@@ -100,16 +99,13 @@ def fit(row: dict) -> tuple[int, int]:
 async def main(repeats: int, openclaw_variants: bool) -> None:
     tokenizer = load_qwen_tokenizer()
     renderer = ChatMLRenderer(tokenizer)
-    run_dir = Path(tempfile.mkdtemp(prefix="clawgym-harness-bench-"))
-    proxy = ServingProxy(run_dir=run_dir)
-    await proxy.start()
-    backend = make_backend("local", hidden_paths=[str(run_dir)])
     rows = []
-    try:
+    variant_rows = []
+    async with serving_stack() as stack:
+        proxy, backend = stack.proxy, stack.backend
         for harness in HARNESSES:
             for _ in range(repeats):
                 rows.append(await one(harness, make_adapter(harness), proxy, backend, tokenizer, renderer))
-        variant_rows = []
         if openclaw_variants:
             from harness_adapters.openclaw import OpenClawAdapter
 
@@ -119,9 +115,6 @@ async def main(repeats: int, openclaw_variants: bool) -> None:
                 for label, options in OPENCLAW_VARIANTS.items():
                     row = await one("OpenClaw", OpenClawAdapter(**options), proxy, backend, tokenizer, renderer)
                     variant_rows.append((label, row))
-    finally:
-        await backend.aclose()
-        await proxy.stop()
 
     print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().available / 2**30:.1f} GiB available, "
           f"load avg {os.getloadavg()[0]:.1f}")
