@@ -153,22 +153,23 @@ def pack_forests(
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     trainable = [f for f in forests if f.ok and f.num_tokens > 0]
     bins: list[list[TrajectoryForest]] = []
+    bin_chains: list[list[np.ndarray]] = []  # leading context nodes of each forest in a bin
     sizes: list[int] = []
-    chains: list[list[np.ndarray]] = []  # leading context tokens of each forest in a bin
     for forest in sorted(trainable, key=lambda f: f.num_tokens, reverse=True):
-        chain = forest.tokens[leading_context(forest)] if share_context else forest.tokens[:0]
+        chain = leading_context(forest) if share_context else np.zeros(0, np.int64)
+        head = forest.tokens[chain]
         for i, used in enumerate(sizes):
-            shared = max((_common_prefix(chain, c) for c in chains[i]), default=0)
+            shared = max((_common_prefix(head, f.tokens[c]) for f, c in zip(bins[i], bin_chains[i])), default=0)
             if used + forest.num_tokens - shared <= token_budget:
                 bins[i].append(forest)
+                bin_chains[i].append(chain)
                 sizes[i] += forest.num_tokens - shared
-                chains[i].append(chain)
                 break
         else:
             bins.append([forest])
+            bin_chains.append([chain])
             sizes.append(forest.num_tokens)
-            chains.append([chain])
-    batches = [_pack(group, share_context=share_context) for group in bins]
+    batches = [_pack(group, chains) for group, chains in zip(bins, bin_chains)]
     for batch in batches:
         if batch.num_tokens > token_budget:
             batch.over_budget = True
@@ -182,17 +183,16 @@ def leading_context(forest: TrajectoryForest) -> np.ndarray:
     roots = np.flatnonzero(forest.parents < 0)
     if roots.shape[0] != 1:
         return np.zeros(0, np.int64)
-    children: dict[int, list[int]] = {}
-    for child, parent in enumerate(forest.parents.tolist()):
-        if parent >= 0:
-            children.setdefault(parent, []).append(child)
+    has_parent = forest.parents >= 0
+    num_children = np.bincount(forest.parents[has_parent], minlength=forest.num_tokens)
+    a_child = np.full(forest.num_tokens, -1, np.int64)
+    a_child[forest.parents[has_parent]] = np.flatnonzero(has_parent)
     chain, node = [], int(roots[0])
-    while not forest.generated[node]:
+    while not forest.generated[node]:  # walks only the chain, not the whole forest
         chain.append(node)
-        below = children.get(node, [])
-        if len(below) != 1:
+        if num_children[node] != 1:
             break
-        node = below[0]
+        node = int(a_child[node])
     return np.asarray(chain, np.int64)
 
 
@@ -202,7 +202,8 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.shape[0] else n
 
 
-def _pack(forests: Sequence[TrajectoryForest], *, share_context: bool = False) -> PackedBatch:
+def _pack(forests: Sequence[TrajectoryForest], chains: Sequence[np.ndarray] | None = None) -> PackedBatch:
+    """Pack `forests` into one batch; `chains[k]` (leading_context of forest k) is what it may share."""
     tokens, parents, depth, gen, lps, versions, forest_idx, source = [], [], [], [], [], [], [], []
     branch_lists: list[np.ndarray] = []
     branch_forest: list[int] = []
@@ -210,7 +211,7 @@ def _pack(forests: Sequence[TrajectoryForest], *, share_context: bool = False) -
     offset = 0  # packed tokens so far
     node_offset = 0  # forest nodes so far (the index space of `token_source`)
     for k, forest in enumerate(forests):
-        chain = leading_context(forest) if share_context else np.zeros(0, np.int64)
+        chain = chains[k] if chains is not None else np.zeros(0, np.int64)
         shared, shared_at = 0, np.zeros(0, np.int64)
         for trunk_tokens, trunk_index in trunks:
             n = _common_prefix(trunk_tokens, forest.tokens[chain])
