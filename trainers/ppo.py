@@ -8,7 +8,9 @@
    token; context tokens are part of the state, not actions). Sibling branches never exchange
    advantages. A shared token's advantage and value target are the mean over the branches through it,
    so it stays one loss term (trainers.advantages.tree_gae). Optionally whitened over the batch's
-   unique trained tokens.
+   unique trained tokens. A batch where every rollout scored the same moves only the critic
+   (`skip_uniform_batches`): with sparse 0/1 rewards such batches are common, and whitening would turn
+   the critic's errors into a full-size policy step.
 5. Loss per micro-batch: GRPO's clipped-ratio policy term with rollout correction
    (trainers.grpo.policy_micro_batch_loss) + vf_coef * clipped value loss, both unique-token means.
 """
@@ -35,6 +37,11 @@ class PPOConfig(GRPOConfig):
     normalize_advantages: bool = Field(default=True, description="whiten advantages over the batch's trained tokens")
     train_critic_trunk: bool = Field(
         default=True, description="train the critic's transformer trunk (false: only its value head, on frozen features; ~2x cheaper)"
+    )
+    skip_uniform_batches: bool = Field(
+        default=True,
+        description="a batch whose rollouts all scored the same trains only the critic (policy advantages 0): "
+        "whitened, its advantages would be the critic's errors blown up to unit scale",
     )
 
 
@@ -68,7 +75,13 @@ def ppo_micro_batches(
             )
             mb.advantages = torch.from_numpy(adv)
             mb.returns = torch.from_numpy(ret)
-    if config.normalize_advantages and micro_batches:
+    rewards = rollouts.rewards[kept] if kept else np.zeros(0)
+    uniform = len(kept) > 0 and bool(np.all(rewards == rewards[0]))
+    metrics["policy_skipped_uniform_reward"] = float(uniform and config.skip_uniform_batches)
+    if uniform and config.skip_uniform_batches:
+        for mb in micro_batches:
+            mb.advantages = torch.zeros_like(mb.advantages)
+    elif config.normalize_advantages and micro_batches:
         trained = torch.cat([mb.advantages[mb.loss_mask] for mb in micro_batches])
         if trained.numel() > 1:
             mean, std = trained.mean(), trained.std()

@@ -116,3 +116,14 @@ def test_suite_modules_expose_load():
     for name in SUITES:
         module = importlib.import_module(SUITE_LOADERS[name].split(":")[0])
         assert callable(module.load)
+
+
+def test_clawgymbench_level0_gives_half_credit_for_the_right_file(tmp_path):
+    """The asked-for file with the wrong content scores 0.5: GRPO gets a signal before the content is right."""
+    for i, task in enumerate(loader("ClawGymBench")("train", level=0, count=8)):
+        ws = write_workspace(task, tmp_path / f"{i}_wrong")
+        for rel in task.metadata["reference"]["files"]:
+            (ws / rel).write_text("not the answer\n")
+        result = asyncio.run(score(task, ws))
+        assert result.error is None and result.reward == 0.5, (task.id, result.explanation)
+        assert {s for s in result.subscores} >= {"exists"}, result.subscores

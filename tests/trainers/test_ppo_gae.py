@@ -88,3 +88,26 @@ def test_ppo_micro_batches_on_a_real_critic() -> None:
         last = nodes[mb.loss_mask.numpy()[nodes]][-1]
         if (sum(last in b for b in mb.branches())) == 1:
             assert np.isclose(mb.advantages[last].item(), reward - values[last], atol=1e-6)
+
+
+def test_uniform_reward_batch_moves_only_the_critic() -> None:
+    """All rollouts scored 0: policy advantages are 0 (counted), value targets still point at the reward."""
+    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=0.0)]
+    forests[0].reward = 0.0
+    critic = Critic(small_qwen3(1))
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
+    batch = RolloutBatch.from_forests(forests)
+    (mb,), metrics = ppo_micro_batches(batch, critic, PPOConfig(), token_budget=1000)
+    assert metrics["policy_skipped_uniform_reward"] == 1.0
+    assert torch.all(mb.advantages == 0)
+    trained = mb.loss_mask
+    (raw,), _ = ppo_micro_batches(batch, critic, PPOConfig(skip_uniform_batches=False, normalize_advantages=False), 1000)
+    assert torch.allclose(mb.returns, raw.returns) and torch.any(raw.advantages[trained] != 0)  # the critic still learns
+    # the same batch without the skip: whitened critic errors, unit scale
+    (mb2,), metrics2 = ppo_micro_batches(batch, critic, PPOConfig(skip_uniform_batches=False), token_budget=1000)
+    assert metrics2["policy_skipped_uniform_reward"] == 0.0
+    assert mb2.advantages[trained].std().item() > 0.5
+    # one differing reward: the policy trains again
+    forests[0].reward = 1.0
+    (mb3,), metrics3 = ppo_micro_batches(RolloutBatch.from_forests(forests), critic, PPOConfig(), token_budget=1000)
+    assert metrics3["policy_skipped_uniform_reward"] == 0.0 and torch.any(mb3.advantages[trained] != 0)
