@@ -22,7 +22,8 @@ ENVS = ["ClawGymBench-WhiteBox", "ClawGymBench-Pi"]
 
 
 @pytest.mark.harness
-@pytest.mark.parametrize(("mode", "reward"), [("reference", 1.0), ("wrong", 0.0)])
+# the scripted "wrong" solution writes the asked-for file with wrong content: level 0 gives half credit
+@pytest.mark.parametrize(("mode", "reward"), [("reference", 1.0), ("wrong", 0.5)])
 def test_reference_and_wrong_solutions_through_whitebox_and_pi(tmp_path: Path, mode: str, reward: float) -> None:
     report = evaluate(
         ScriptedReferencePolicies(mode), ENVS, split="test", level=0, count=2, repeats=2, concurrency=3,
@@ -36,7 +37,7 @@ def test_reference_and_wrong_solutions_through_whitebox_and_pi(tmp_path: Path, m
         assert r.num_calls == 2 and r.generated_tokens > 0 and r.level == 0 and r.category != "-"
     for env in ENVS:
         stats = report.by_env[env]
-        assert stats.mean_reward == reward and stats.success_rate == reward and stats.failed == 0
+        assert stats.mean_reward == reward and stats.success_rate == float(reward == 1.0) and stats.failed == 0
         assert stats.tasks == 2 and stats.reward_ci is not None
     assert set(report.by_harness) == {"WhiteBox", "Pi"}
     # the held-out tasks are the ones evaluated, and nothing of the train split
@@ -133,10 +134,11 @@ def test_documented_evaluation_command_runs_a_bundled_suite_through_a_harness(tm
 
 
 @pytest.mark.harness
-def test_evaluation_command_wrong_solution_scores_zero_and_unknown_env_fails(tmp_path: Path) -> None:
+def test_evaluation_command_wrong_solution_gets_only_half_credit_and_unknown_env_fails(tmp_path: Path) -> None:
     proc = run_cli("ClawGymBench-Codex", "--model", "scripted:wrong", "--level", "0", "--count", "2",
                    "--out", str(tmp_path / "w"), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert EvalReport.load(tmp_path / "w" / "results.json").by_env["ClawGymBench-Codex"].mean_reward == 0.0
+    report = EvalReport.load(tmp_path / "w" / "results.json").by_env["ClawGymBench-Codex"]
+    assert report.mean_reward == 0.5 and report.success_rate == 0.0  # the right file, the wrong content
     bad = run_cli("PinchBench-Pie", "--model", "scripted:wrong", cwd=tmp_path)
     assert bad.returncode != 0 and "PinchBench-Pi" in bad.stdout + bad.stderr
