@@ -77,7 +77,7 @@ def test_ppo_micro_batches_on_a_real_critic() -> None:
     critic = Critic(small_qwen3(1))
     torch.nn.init.normal_(critic.value_head.weight, std=0.5)
     batch = RolloutBatch.from_forests(forests)
-    mbs, metrics = ppo_micro_batches(batch, critic, PPOConfig(normalize_advantages=False), token_budget=1000)
+    mbs, metrics = ppo_micro_batches(batch, critic, PPOConfig(normalize_advantages=False, lam=0.95), token_budget=1000)
     assert metrics["rollouts_nan_reward"] == 1 and metrics["rollouts_trained"] == 2
     (mb,) = mbs
     values = mb.old_values.numpy()
@@ -111,3 +111,16 @@ def test_uniform_reward_batch_moves_only_the_critic() -> None:
     forests[0].reward = 1.0
     (mb3,), metrics3 = ppo_micro_batches(RolloutBatch.from_forests(forests), critic, PPOConfig(), token_budget=1000)
     assert metrics3["policy_skipped_uniform_reward"] == 0.0 and torch.any(mb3.advantages[trained] != 0)
+
+
+def test_default_lambda_gives_every_action_reward_minus_value() -> None:
+    """lam = gamma = 1: a branch's first token gets R - V as fully as its last (no fading of a final reward)."""
+    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=0.0)]
+    forests[0].reward = 1.0
+    critic = Critic(small_qwen3(1))
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
+    (mb,), _ = ppo_micro_batches(RolloutBatch.from_forests(forests), critic, PPOConfig(normalize_advantages=False), 1000)
+    values, mask = mb.old_values.numpy(), mb.loss_mask.numpy()
+    for nodes, reward in zip(mb.branches(), [1.0, 1.0, 0.0]):
+        own = [n for n in nodes[mask[nodes]] if sum(n in b for b in mb.branches()) == 1]
+        assert own and np.allclose(mb.advantages.numpy()[own], reward - values[own], atol=1e-6)
