@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from trainers.main_job import main_job_overrides
 from trainers.main import compose
 
@@ -33,6 +35,27 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert report["tree"]["calls"] >= 4  # every rollout made at least one real model call through pi
     assert (run_dir / "metrics.png").stat().st_size > 0
     assert (run_dir / "rollouts" / "calls.jsonl").is_file()
+
+
+@pytest.mark.parametrize(
+    ("option", "harnesses"), [("--mix", {"Pi", "ClaudeCode"}), ("--whitebox", {"WhiteBox"})], ids=["mix", "whitebox"]
+)
+def test_main_job_options_train_mixed_harnesses_and_the_whitebox_baseline(tmp_path, option, harnesses):
+    """`clawgym main --mix` trains pi and Claude Code in one batch; `--whitebox` the white-box loop (quick form)."""
+    run_dir = tmp_path / "main"
+    out = subprocess.run(
+        [sys.executable, "-m", "clawgym_env.cli", "main", "--quick", option, "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert set(report["held_out"]) == harnesses and all(v["before"] is not None for v in report["held_out"].values())
+    assert report["rollouts"] == 4 * len(harnesses)  # 2 steps x 1 task x 2 rollouts, per harness
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r.get("kind") == "train"]
+    assert all(f"reward/{h}" in r for r in trained for h in harnesses)  # per-harness reward curves
+    calls = [json.loads(line) for line in (run_dir / "rollouts" / "calls.jsonl").read_text().splitlines()]
+    assert calls and all(c["generated_ids"] or c.get("error") for c in calls)
 
 
 def test_report_lists_failure_reasons(tmp_path):

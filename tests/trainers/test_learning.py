@@ -2,8 +2,8 @@
 
 Both run the real stack: Qwen2.5-Coder-0.5B (LoRA) through the pi CLI in local sandboxes behind the
 serving proxy, on ClawGymBench level 0, with the main job's recipe (trainers.main_job.MAIN_OVERRIDES).
-About 20 minutes per seed on a 2-core machine; `benchmarks/learning_curve.py` is the same run with a
-table, and docs/trainers.md records what it measured.
+About 22 minutes per GRPO seed and 30 per PPO seed on a 2-core machine; `benchmarks/learning_curve.py`
+is the same run with a table, and docs/trainers.md records what it measured.
 """
 
 from __future__ import annotations
