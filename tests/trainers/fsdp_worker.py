@@ -48,6 +48,9 @@ def main(out: str) -> None:
         with open(out, "w") as f:
             json.dump(result, f)
     if D.is_distributed():
+        # every rank finishes before any tears gloo down: a rank destroying the group while the other still
+        # has a connection open aborted with "terminate called without an active exception" (seen in CI)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
