@@ -79,8 +79,8 @@ def ppo_micro_batches(
             )
             mb.advantages = torch.from_numpy(adv)
             mb.returns = torch.from_numpy(ret)
-    rewards = rollouts.rewards[kept] if kept else np.zeros(0)
-    uniform = len(kept) > 0 and bool(np.all(rewards == rewards[0]))
+    rewards = rollouts.rewards[kept]
+    uniform = rewards.size > 0 and bool(np.all(rewards == rewards[0]))
     metrics["policy_skipped_uniform_reward"] = float(uniform and config.skip_uniform_batches)
     if uniform and config.skip_uniform_batches:
         for mb in micro_batches:

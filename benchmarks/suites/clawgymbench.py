@@ -36,6 +36,12 @@ def cache_dir() -> Path:
 
 
 def _draft(level, category, instruction, inputs, checks, reference) -> Draft:
+    if level == 0:
+        # Level 0's partial credit: the asked-for file (the reference's one file) exists earns half the
+        # reward, its content the other half. A 0.5B model often calls the right tool on the wrong file (it
+        # edits numbers.txt instead of writing answer.txt): all-or-nothing, such groups all score 0 and GRPO
+        # learns nothing.
+        checks = [{"name": "exists", "kind": "exists", "path": path} for path in reference] + checks
     spec = {"checks": checks}
     return Draft(
         key=f"{level}|{category}|{instruction}|{json.dumps(inputs, sort_keys=True)}|{json.dumps(spec, sort_keys=True)}",
@@ -48,20 +54,11 @@ def _draft(level, category, instruction, inputs, checks, reference) -> Draft:
     )
 
 
-def _exists(path: str) -> dict:
-    """Level 0's partial credit: the asked-for file exists (half the reward; its content the other half).
-
-    A 0.5B model at level 0 often calls the right tool on the wrong file (it edits numbers.txt instead of
-    writing answer.txt): with an all-or-nothing reward such groups all score 0 and GRPO learns nothing.
-    """
-    return {"name": "exists", "kind": "exists", "path": path}
-
-
 def file_manipulation(rng: random.Random, level: int) -> Draft:
     if level == 0:
         name, phrase = rng.choice(WORDS), " ".join(rng.sample(WORDS, 3))
         instr = f"Use the write tool to create the file {name}.txt containing exactly this line: {phrase}"
-        return _draft(level, "file_manipulation", instr, {}, [_exists(f"{name}.txt"), {"name": "content", "kind": "file_equals", "path": f"{name}.txt", "expected": phrase}], {f"{name}.txt": phrase + "\n"})
+        return _draft(level, "file_manipulation", instr, {}, [{"name": "content", "kind": "file_equals", "path": f"{name}.txt", "expected": phrase}], {f"{name}.txt": phrase + "\n"})
     if level == 1:
         logs, errors = {}, []
         for f in ("logs/app1.log", "logs/app2.log"):
@@ -99,7 +96,7 @@ def data_processing(rng: random.Random, level: int) -> Draft:
         nums = [rng.randint(1, 50) for _ in range(rng.randint(3, 5))]
         instr = "numbers.txt has one number per line. Read it, then use the write tool to write their sum (only the number) to answer.txt."
         return _draft(level, "data_processing", instr, {"numbers.txt": "\n".join(map(str, nums)) + "\n"},
-                      [_exists("answer.txt"), {"name": "sum", "kind": "number", "path": "answer.txt", "expected": sum(nums)}], {"answer.txt": f"{sum(nums)}\n"})  # fmt: skip
+                      [{"name": "sum", "kind": "number", "path": "answer.txt", "expected": sum(nums)}], {"answer.txt": f"{sum(nums)}\n"})  # fmt: skip
     if level == 1:
         regions = rng.sample(["north", "south", "east", "west", "central"], 3)
         rows = [(rng.choice(regions), rng.randint(10, 500)) for _ in range(rng.randint(8, 14))]
@@ -133,7 +130,7 @@ def scripting(rng: random.Random, level: int) -> Draft:
     if level == 0:
         name = rng.choice(NAMES)
         instr = f"Use the write tool to create a Python script greet.py that prints exactly: Hello, {name}!"
-        checks = [_exists("greet.py"), {"name": "output", "kind": "script_output", "script": "greet.py", "cases": [{"args": [], "stdout": f"Hello, {name}!"}]}]
+        checks = [{"name": "output", "kind": "script_output", "script": "greet.py", "cases": [{"args": [], "stdout": f"Hello, {name}!"}]}]
         return _draft(level, "scripting", instr, {}, checks, {"greet.py": f'print("Hello, {name}!")\n'})
     if level == 1:
         cases = []
@@ -167,7 +164,7 @@ def document_writing(rng: random.Random, level: int) -> Draft:
     if level == 0:
         title = f"{rng.choice(WORDS).title()} {rng.choice(WORDS).title()} Plan"
         instr = f"Use the write tool to create the file title.md whose first line is the markdown heading: # {title}"
-        return _draft(level, "document_writing", instr, {}, [_exists("title.md"), {"name": "heading", "kind": "first_line", "path": "title.md", "expected": f"# {title}"}], {"title.md": f"# {title}\n"})
+        return _draft(level, "document_writing", instr, {}, [{"name": "heading", "kind": "first_line", "path": "title.md", "expected": f"# {title}"}], {"title.md": f"# {title}\n"})
     people = rng.sample(NAMES, 3)
     decisions = [f"adopt {rng.choice(WORDS)} {rng.choice(WORDS)}" for _ in range(2)]
     actions = [f"{p} to prepare the {rng.choice(WORDS)} report" for p in people[:2]]

@@ -21,15 +21,20 @@ def test_presets_compose_to_valid_configs(tmp_path):
     assert compose(main_job_overrides(whitebox=True, run_dir=tmp_path)).env.ids == ["ClawGymBench-WhiteBox"]
 
 
-def test_main_job_quick_runs_and_writes_its_report(tmp_path):
-    run_dir = tmp_path / "main"
+def run_quick_main(run_dir, *options: str) -> tuple[str, dict]:
+    """`clawgym main --quick [options]` as a subprocess: its stdout and its report.json."""
     out = subprocess.run(
-        [sys.executable, "-m", "clawgym_env.cli", "main", "--quick", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "clawgym_env.cli", "main", "--quick", *options, "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "main job summary" in out.stdout and str(run_dir) in out.stdout
-    report = json.loads((run_dir / "report.json").read_text())
+    return out.stdout, json.loads((run_dir / "report.json").read_text())
+
+
+def test_main_job_quick_runs_and_writes_its_report(tmp_path):
+    run_dir = tmp_path / "main"
+    stdout, report = run_quick_main(run_dir)
+    assert "main job summary" in stdout and str(run_dir) in stdout
     assert report["steps"] == 2 and report["rollouts"] == 4  # 2 steps x 1 task x 2 rollouts
     assert set(report["held_out"]) == {"Pi"} and report["held_out"]["Pi"]["before"] is not None
     assert report["tree"]["calls"] >= 4  # every rollout made at least one real model call through pi
@@ -43,12 +48,7 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
 def test_main_job_options_train_mixed_harnesses_and_the_whitebox_baseline(tmp_path, option, harnesses):
     """`clawgym main --mix` trains pi and Claude Code in one batch; `--whitebox` the white-box loop (quick form)."""
     run_dir = tmp_path / "main"
-    out = subprocess.run(
-        [sys.executable, "-m", "clawgym_env.cli", "main", "--quick", option, "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    report = json.loads((run_dir / "report.json").read_text())
+    _, report = run_quick_main(run_dir, option)
     assert set(report["held_out"]) == harnesses and all(v["before"] is not None for v in report["held_out"].values())
     assert report["rollouts"] == 4 * len(harnesses)  # 2 steps x 1 task x 2 rollouts, per harness
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

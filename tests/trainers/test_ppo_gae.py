@@ -25,6 +25,15 @@ def tree():
     return f
 
 
+def two_forests_and_critic(reward_tree: float, reward_r1: float, *extra) -> tuple[RolloutBatch, Critic]:
+    """tree() (two branches) and a one-branch forest r1 (+ extra forests), with a critic whose head is random."""
+    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=reward_r1), *extra]
+    forests[0].reward = reward_tree
+    critic = Critic(small_qwen3(1))
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
+    return RolloutBatch.from_forests(forests), critic
+
+
 def test_branch_gae_matches_hand_computation() -> None:
     values = np.array([0.0, 0.1, 0.2, 0.0, 0.4, 0.5])
     actions = np.array([1, 2, 4, 5])
@@ -71,12 +80,8 @@ def test_no_sibling_leakage_and_shared_tokens_are_the_branch_mean() -> None:
 
 
 def test_ppo_micro_batches_on_a_real_critic() -> None:
-    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=0.0)]
-    forests[0].reward = 1.0
-    forests.append(forest_from_paths([[(10, False), (22, True)]], rollout_id="r2", reward=float("nan")))
-    critic = Critic(small_qwen3(1))
-    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
-    batch = RolloutBatch.from_forests(forests)
+    nan = forest_from_paths([[(10, False), (22, True)]], rollout_id="r2", reward=float("nan"))
+    batch, critic = two_forests_and_critic(1.0, 0.0, nan)
     mbs, metrics = ppo_micro_batches(batch, critic, PPOConfig(normalize_advantages=False, lam=0.95), token_budget=1000)
     assert metrics["rollouts_nan_reward"] == 1 and metrics["rollouts_trained"] == 2
     (mb,) = mbs
@@ -92,11 +97,7 @@ def test_ppo_micro_batches_on_a_real_critic() -> None:
 
 def test_uniform_reward_batch_moves_only_the_critic() -> None:
     """All rollouts scored 0: policy advantages are 0 (counted), value targets still point at the reward."""
-    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=0.0)]
-    forests[0].reward = 0.0
-    critic = Critic(small_qwen3(1))
-    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
-    batch = RolloutBatch.from_forests(forests)
+    batch, critic = two_forests_and_critic(0.0, 0.0)
     (mb,), metrics = ppo_micro_batches(batch, critic, PPOConfig(), token_budget=1000)
     assert metrics["policy_skipped_uniform_reward"] == 1.0
     assert torch.all(mb.advantages == 0)
@@ -108,18 +109,15 @@ def test_uniform_reward_batch_moves_only_the_critic() -> None:
     assert metrics2["policy_skipped_uniform_reward"] == 0.0
     assert mb2.advantages[trained].std().item() > 0.5
     # one differing reward: the policy trains again
-    forests[0].reward = 1.0
-    (mb3,), metrics3 = ppo_micro_batches(RolloutBatch.from_forests(forests), critic, PPOConfig(), token_budget=1000)
+    batch = RolloutBatch.from_forests(batch.forests, rewards=[1.0, 0.0])
+    (mb3,), metrics3 = ppo_micro_batches(batch, critic, PPOConfig(), token_budget=1000)
     assert metrics3["policy_skipped_uniform_reward"] == 0.0 and torch.any(mb3.advantages[trained] != 0)
 
 
 def test_default_lambda_gives_every_action_reward_minus_value() -> None:
     """lam = gamma = 1: a branch's first token gets R - V as fully as its last (no fading of a final reward)."""
-    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=0.0)]
-    forests[0].reward = 1.0
-    critic = Critic(small_qwen3(1))
-    torch.nn.init.normal_(critic.value_head.weight, std=0.5)
-    (mb,), _ = ppo_micro_batches(RolloutBatch.from_forests(forests), critic, PPOConfig(normalize_advantages=False), 1000)
+    batch, critic = two_forests_and_critic(1.0, 0.0)
+    (mb,), _ = ppo_micro_batches(batch, critic, PPOConfig(normalize_advantages=False), 1000)
     values, mask = mb.old_values.numpy(), mb.loss_mask.numpy()
     for nodes, reward in zip(mb.branches(), [1.0, 1.0, 0.0]):
         own = [n for n in nodes[mask[nodes]] if sum(n in b for b in mb.branches()) == 1]
