@@ -158,9 +158,16 @@ def test_shared_prompts_train_exactly_like_separate_rollouts() -> None:
         model = small_qwen3(0)
         trainer = Trainer(model, GRPO(), OPTIM.model_copy(update={"token_budget": 10_000, "share_prompts": share}))
         metrics = trainer.update(batch)
-        results[share] = (metrics, params(model))
-    (plain, p_plain), (shared, p_shared) = results[False], results[True]
+        # Adam's first moment after one step is (1 - beta1) x the clipped gradient: the update's real input.
+        results[share] = (metrics, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()])
+    (plain, g_plain), (shared, g_shared) = results[False], results[True]
     assert shared["unique_tokens"] < plain["unique_tokens"] and shared["branch_tokens"] == plain["branch_tokens"]
-    assert shared["loss"] == pytest.approx(plain["loss"], abs=1e-5)
-    for a, b in zip(p_plain, p_shared):
-        assert torch.allclose(a, b, atol=1e-5)
+    # Sharing the prompt changes only the order of float32 sums (other packing, other reduction order on each
+    # CPU's kernels). A sum of n float32 terms is exact to about n * 2**-24 of the sum of their magnitudes; with
+    # n < 10**3 tokens that is < 6e-5 relative, so 1e-4 of the largest value bounds it on any CPU.
+    assert shared["loss"] == pytest.approx(plain["loss"], rel=1e-4, abs=1e-4 * abs(plain["loss"]) + 1e-7)
+    scale = max(float(g.abs().max()) for g in g_plain)
+    for a, b in zip(g_plain, g_shared):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * scale)
+    # Parameters are not compared: Adam's first step moves each weight by lr * g / (|g| + eps), which turns
+    # rounding noise in a near-zero gradient into a visible change (that is what failed on AVX-512/AMX CPUs).
