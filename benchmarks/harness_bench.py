@@ -31,7 +31,7 @@ from clawgym_env.proxy import ChatMLRenderer  # noqa: E402
 from clawgym_env.rollout import run_rollout  # noqa: E402
 from clawgym_env.serving_stack import serving_stack  # noqa: E402
 from clawgym_env.specs import EnvOptions, TaskSpec  # noqa: E402
-from harness_adapters.health import _health_check, _write_call, make_adapter  # noqa: E402
+from harness_adapters.health import health_verifier, health_write_call, make_adapter  # noqa: E402
 
 HARNESSES = ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox")
 # Earlier tries without gain (docs/harnesses.md): --local-model-lean; OPENCLAW_SKIP_CHANNELS and friends.
@@ -73,8 +73,8 @@ class RssSampler:
 
 
 async def one(harness: str, adapter, proxy, backend, tokenizer, renderer) -> dict:
-    engine = ScriptedTestEngine(tokenizer, [_write_call(harness), "Done."])
-    task = TaskSpec(id=f"bench-{harness}", instruction="Write ok into health.txt.", verifier=_health_check, timeout_s=180)
+    engine = ScriptedTestEngine(tokenizer, [health_write_call(harness), "Done."])
+    task = TaskSpec(id=f"bench-{harness}", instruction="Write ok into health.txt.", verifier=health_verifier, timeout_s=180)
     with RssSampler() as rss:
         t0 = time.perf_counter()
         result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=renderer),

@@ -1,4 +1,4 @@
-"""Make a name clash visible: `verifiers` and `trainers` are also names of other PyPI projects.
+"""Make a name clash visible: `verifiers`, `trainers` and `evaluation` are also names of other PyPI projects.
 
 `verifiers` in particular is a popular RL-environment library. If another distribution's package is
 what `import verifiers` finds, ClawGym would silently run someone else's code; we fail loudly instead.
@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 
 OUR_ROOT = Path(__file__).resolve().parent.parent
-OUR_TOP_LEVEL = ("verifiers", "trainers", "harness_adapters", "benchmarks")
+OUR_TOP_LEVEL = ("verifiers", "harness_adapters", "task_suites", "evaluation", "trainers", "clawgym_cli", "benchmarks")
 
 
 class ShadowedPackageError(ImportError):

@@ -6,10 +6,10 @@ from clawgym_env.registry import Registry
 from clawgym_env.specs import ApiStyle, HarnessSpec, TaskSuite
 
 BUILTIN_SUITES = {
-    "OfficeQA": ("benchmarks.suites.officeqa:load", "questions over long statistical bulletins; numeric answers"),
-    "JobBench": ("benchmarks.suites.jobbench:load", "professional workflows over spreadsheets, databases, documents"),
-    "ClawGymBench": ("benchmarks.suites.clawgymbench:load", "general workspace tasks in the ClawGym folder format"),
-    "PinchBench": ("benchmarks.suites.pinchbench:load", "tasks in the PinchBench markdown format"),
+    "OfficeQA": ("task_suites.officeqa:load", "questions over long statistical bulletins; numeric answers"),
+    "JobBench": ("task_suites.jobbench:load", "professional workflows over spreadsheets, databases, documents"),
+    "ClawGymBench": ("task_suites.clawgymbench:load", "general workspace tasks in the ClawGym folder format"),
+    "PinchBench": ("task_suites.pinchbench:load", "tasks in the PinchBench markdown format"),
 }
 
 BUILTIN_HARNESSES = {

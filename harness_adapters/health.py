@@ -8,7 +8,6 @@ then a final text), does the tool write the file, and does the harness exit clea
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from pydantic import BaseModel
 
 from clawgym_env.interfaces import HarnessNotInstalled, Policy
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
+from harness_adapters.tool_calls import write_file_call
 
 HARNESSES = ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox")
 HEALTH_FILE = "health.txt"
@@ -39,19 +39,13 @@ class HealthRow(BaseModel):
         return self.installed and self.launched and self.tool_call and self.clean_exit
 
 
-def _write_call(harness: str) -> str:
-    path = f"{DEFAULT_MOUNT_PATH}/{HEALTH_FILE}"
-    name, args = {
-        "ClaudeCode": ("Write", {"file_path": path, "content": HEALTH_TEXT}),
-        "OpenClaw": ("write", {"path": path, "content": HEALTH_TEXT}),
-        "Pi": ("write", {"path": path, "content": HEALTH_TEXT}),
-        "WhiteBox": ("write", {"path": HEALTH_FILE, "content": HEALTH_TEXT}),
-        "Codex": ("exec_command", {"cmd": f"printf {HEALTH_TEXT} > {HEALTH_FILE}", "workdir": DEFAULT_MOUNT_PATH}),
-    }[harness]
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+def health_write_call(harness: str) -> str:
+    """The scripted model turn of a health check: `harness` writes HEALTH_TEXT into HEALTH_FILE."""
+    return write_file_call(harness, f"{DEFAULT_MOUNT_PATH}/{HEALTH_FILE}", HEALTH_TEXT, DEFAULT_MOUNT_PATH)
 
 
-def _health_check(workspace: Path) -> float:
+def health_verifier(workspace: Path) -> float:
+    """1.0 when the health file holds HEALTH_TEXT."""
     path = workspace / HEALTH_FILE
     return 1.0 if path.is_file() and path.read_text().strip() == HEALTH_TEXT else 0.0
 
@@ -76,9 +70,9 @@ async def check_harness(harness: str, proxy: Any, backend: Any, tokenizer: Any, 
     except HarnessNotInstalled as exc:
         row.detail = str(exc)
         return row
-    engine = ScriptedTestEngine(tokenizer, [_write_call(harness), "Health check done."])
+    engine = ScriptedTestEngine(tokenizer, [health_write_call(harness), "Health check done."])
     task = TaskSpec(id=f"health-{harness}", instruction=f"Write {HEALTH_TEXT} into {HEALTH_FILE}.",
-                    verifier=_health_check, timeout_s=120)
+                    verifier=health_verifier, timeout_s=120)
     t0 = time.perf_counter()
     result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=renderer),
                                backend=backend, proxy=proxy, options=EnvOptions(max_calls=8))
@@ -123,12 +117,12 @@ def render_table(rows: list[HealthRow]) -> Any:
     return table
 
 
-def health_cli(harnesses: tuple[str, ...] = HARNESSES) -> list[HealthRow]:
-    """Run the checks and print the table; exits 1 when any harness is unhealthy."""
+def health_cli(harnesses: tuple[str, ...] = HARNESSES, console: Any = None) -> list[HealthRow]:
+    """Run the checks and print the table (on `console`, a rich Console); exits 1 when any harness is unhealthy."""
     from rich.console import Console
 
     rows = asyncio.run(run_health(harnesses))
-    Console().print(render_table(rows))
+    (console or Console()).print(render_table(rows))
     if not all(r.healthy for r in rows):
         raise SystemExit(1)
     return rows

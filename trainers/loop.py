@@ -91,7 +91,7 @@ def build_envs(cfg: TrainConfig, runtime: Any, split: str, temperature: float | 
 
 
 def load_tasks(env: Any, cfg: TrainConfig, count: int | None) -> list[Any]:
-    from benchmarks.evaluation import select_tasks
+    from evaluation import select_tasks
 
     return select_tasks(env, level=cfg.env.level, count=count, seed=cfg.env.suite_seed)
 

@@ -2,7 +2,7 @@
 
 A small model that never succeeds gives GRPO nothing to work with (every group degenerate). The
 demonstrations are the suite's reference solutions (`metadata["reference"]["files"]`) played through
-the harness by a scripted test engine (benchmarks.evaluation.ScriptedReferencePolicies: one write-tool
+the harness by a scripted test engine (evaluation.ScriptedReferencePolicies: one write-tool
 call per file, then a final message). The proxy records those calls like any others, so the forests
 carry the exact token ids the harness saw; the loss is the negative log-likelihood of the generated
 tokens only (tool results, system prompt and user text are context), each unique tree token once.
@@ -36,7 +36,7 @@ def demonstration_policies(tokenizer: Any = None) -> Any:
 
     `tokenizer`: the policy model's own tokenizer, so the recorded ids are in its vocabulary.
     """
-    from benchmarks.evaluation import ScriptedReferencePolicies
+    from evaluation import ScriptedReferencePolicies
 
     policies = ScriptedReferencePolicies("reference")
     if tokenizer is not None:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.evaluation import EvalConfig, EvalReport, EvalRow, bootstrap_ci, build_report, summarize
+from evaluation import EvalConfig, EvalReport, EvalRow, bootstrap_ci, build_report, summarize
 
 
 def row(task: str, reward: float, *, env: str = "S-WhiteBox", category: str = "a", repeat: int = 0,

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import clawgym_env
-from benchmarks.compare import BASELINE, ComparisonReport, CompareConfig, build_policy, compare, train_config
-from benchmarks.evaluation import GroupStats, Interval
+from clawgym_cli.compare import BASELINE, ComparisonReport, CompareConfig, build_policy, compare, train_config
+from evaluation import GroupStats, Interval
 
 WB, PI = "trained in WhiteBox", "trained in Pi"
 # entropy bonus, degenerate groups kept: the random tiny model earns no reward, yet its weights still move,
@@ -115,7 +115,7 @@ def test_table_and_plot_from_cells(tmp_path: Path) -> None:
 @pytest.mark.harness
 def test_compare_command(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "clawgym_env.cli", "compare", "--harness", "ClaudeCode", "--steps", "1",
+        [sys.executable, "-m", "clawgym_cli", "compare", "--harness", "ClaudeCode", "--steps", "1",
          "--train-tasks", "1", "--eval-tasks", "2", "--max-new-tokens", "8", "--max-calls", "2", "--out", str(tmp_path)],
         cwd=tmp_path, env={**os.environ, "COLUMNS": "160"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.evaluation import EvalReport, ScriptedReferencePolicies, evaluate, select_tasks
+from evaluation import EvalReport, ScriptedReferencePolicies, evaluate, select_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 ENVS = ["ClawGymBench-WhiteBox", "ClawGymBench-Pi"]
@@ -109,7 +109,7 @@ def test_select_tasks_filters_a_list_suite_by_level_and_count() -> None:
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "160"}
     return subprocess.run(
-        [sys.executable, "-m", "clawgym_env.cli", "evaluate", *args], cwd=cwd, env=env, capture_output=True,
+        [sys.executable, "-m", "clawgym_cli", "evaluate", *args], cwd=cwd, env=env, capture_output=True,
         text=True, timeout=240,
     )  # fmt: skip
 

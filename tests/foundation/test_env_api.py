@@ -66,7 +66,7 @@ def test_import_guard_detects_a_shadowing_package(tmp_path, monkeypatch):
 
 def test_cli_lists_environments():
     out = subprocess.run(
-        [sys.executable, "-m", "clawgym_env.cli", "list", "--json", "--suite", "OfficeQA"],
+        [sys.executable, "-m", "clawgym_cli", "list", "--json", "--suite", "OfficeQA"],
         capture_output=True, text=True, check=True,
     ).stdout
     assert '"OfficeQA-ClaudeCode"' in out and "JobBench" not in out

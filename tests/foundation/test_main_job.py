@@ -24,7 +24,7 @@ def test_presets_compose_to_valid_configs(tmp_path):
 def run_quick_main(run_dir, *options: str) -> tuple[str, dict]:
     """`clawgym main --quick [options]` as a subprocess: its stdout and its report.json."""
     out = subprocess.run(
-        [sys.executable, "-m", "clawgym_env.cli", "main", "--quick", *options, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "clawgym_cli", "main", "--quick", *options, "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

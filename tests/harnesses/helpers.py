@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,9 @@ from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.rollout import RolloutResult, run_rollout
 from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
+from harness_adapters.tool_calls import tool_call, write_file_call
+
+__all__ = ["ANSWER", "ANSWER_FILE", "one_rollout", "renderer", "scripted_policy", "tokenizer", "tool_call", "write_call", "write_task"]
 
 ANSWER_FILE = "answer.txt"
 ANSWER = "42"
@@ -50,21 +52,9 @@ def write_task(task_id: str = "write-answer") -> TaskSpec:
     )
 
 
-def tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """A completion in Qwen's native tool-call format."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-# The write tool of each harness, with its own argument schema (HARNESSES.md).
 def write_call(harness: str, content: str, workspace: str = DEFAULT_MOUNT_PATH) -> str:
-    path = f"{workspace}/{ANSWER_FILE}"
-    if harness == "ClaudeCode":
-        return tool_call("Write", {"file_path": path, "content": content})
-    if harness in ("OpenClaw", "Pi", "WhiteBox"):
-        return tool_call("write", {"path": path if harness != "WhiteBox" else ANSWER_FILE, "content": content})
-    if harness == "Codex":
-        return tool_call("exec_command", {"cmd": f"printf '%s' '{content}' > {ANSWER_FILE}", "workdir": workspace})
-    raise ValueError(harness)
+    """The harness's own write tool call putting `content` into answer.txt (harness_adapters.tool_calls)."""
+    return write_file_call(harness, f"{workspace}/{ANSWER_FILE}", content, workspace)
 
 
 def scripted_policy(completions: list[str]) -> Policy:

@@ -119,7 +119,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     )
 )
 def test_fuzzed_task_folders_are_reported_one_by_one(tmp_path_factory, entries):
-    from benchmarks.importers import load_clawgym_folder
+    from task_suites.importers import load_clawgym_folder
 
     root = tmp_path_factory.mktemp("tasks")
     good = root / "a_good"

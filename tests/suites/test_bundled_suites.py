@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 from host_sandbox_double import HostDirSandboxTestDouble
 
-from benchmarks.suites import SUITE_LOADERS, apply_reference, write_workspace
+from clawgym_env.builtin import BUILTIN_SUITES
 from clawgym_env.interfaces import HarnessResult, VerifyContext
+from clawgym_env.sandbox.workspace import materialize_workspace
 from clawgym_env.specs import TaskSuite, resolve_callable
+from task_suites import apply_reference
+
+SUITE_LOADERS = {name: loader for name, (loader, _) in BUILTIN_SUITES.items()}
 
 SUITES = sorted(SUITE_LOADERS)
 
@@ -68,7 +72,7 @@ def test_same_seed_same_tasks_and_splits_disjoint(name):
 def test_reference_scores_one_and_no_work_scores_low(name, split, tmp_path):
     tasks = loader(name)(split, seed=1, count=6)
     for i, task in enumerate(tasks):
-        seeded = write_workspace(task, tmp_path / f"{i}_seeded")
+        seeded = materialize_workspace(task.workspace, tmp_path / f"{i}_seeded")
         idle = asyncio.run(score(task, seeded))
         assert idle.error is None, (task.id, idle.error)
         assert idle.reward < 0.5, (task.id, idle.explanation)
@@ -76,7 +80,7 @@ def test_reference_scores_one_and_no_work_scores_low(name, split, tmp_path):
         empty.mkdir()
         blank = asyncio.run(score(task, empty))
         assert blank.error is None and blank.reward < 0.5, (task.id, blank.explanation)
-        solved = write_workspace(task, tmp_path / f"{i}_ref")
+        solved = materialize_workspace(task.workspace, tmp_path / f"{i}_ref")
         apply_reference(task, solved)
         result = asyncio.run(score(task, solved))
         assert result.error is None, (task.id, result.error)
@@ -121,9 +125,28 @@ def test_suite_modules_expose_load():
 def test_clawgymbench_level0_gives_half_credit_for_the_right_file(tmp_path):
     """The asked-for file with the wrong content scores 0.5: GRPO gets a signal before the content is right."""
     for i, task in enumerate(loader("ClawGymBench")("train", level=0, count=8)):
-        ws = write_workspace(task, tmp_path / f"{i}_wrong")
+        ws = materialize_workspace(task.workspace, tmp_path / f"{i}_wrong")
         for rel in task.metadata["reference"]["files"]:
             (ws / rel).write_text("not the answer\n")
         result = asyncio.run(score(task, ws))
         assert result.error is None and result.reward == 0.5, (task.id, result.explanation)
         assert {s for s in result.subscores} >= {"exists"}, result.subscores
+
+
+def test_reference_is_written_with_the_sandbox_seeding_checks(tmp_path):
+    """apply_reference goes through materialize_workspace: a symlink in the workspace cannot redirect it."""
+    from clawgym_env.sandbox.workspace import WorkspacePathError
+
+    task = loader("ClawGymBench")("train", level=0, count=1)[0]
+    workspace = materialize_workspace(task.workspace, tmp_path / "ws")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rel = next(iter(task.metadata["reference"]["files"]))
+    target = workspace / rel
+    if target.exists():
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(outside / "stolen.txt")  # the policy left a symlink where the answer goes
+    with pytest.raises(WorkspacePathError):
+        apply_reference(task, workspace)
+    assert not (outside / "stolen.txt").exists()

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from host_sandbox_double import HostDirSandboxTestDouble
 
-from benchmarks.importers import load_clawgym_folder, load_pinchbench_folder
-from benchmarks.importers.__main__ import main as importer_cli
-from benchmarks.suites import apply_reference, write_workspace
 from clawgym_env.interfaces import HarnessResult, VerifyContext
+from clawgym_env.sandbox.workspace import materialize_workspace
 from clawgym_env.specs import TaskSuite
+from task_suites import apply_reference
+from task_suites.importers import load_clawgym_folder, load_pinchbench_folder
+from task_suites.importers.__main__ import main as importer_cli
 
 CHECK_PY = """\
 import json, pathlib
@@ -89,10 +90,10 @@ async def verify_clawgym(task, ws: Path) -> float:
 
 async def test_clawgym_task_runs_reward_sh_on_reference_and_empty(clawgym_folder, tmp_path):
     task = load_clawgym_folder(clawgym_folder).tasks[0]
-    ws = write_workspace(task, tmp_path / "ws_empty")
+    ws = materialize_workspace(task.workspace, tmp_path / "ws_empty")
     assert (ws / "readme.txt").exists() and not (ws / "reward").exists()  # the checker is not visible up front
     assert (await verify_clawgym(task, ws))[0] == 0.0
-    ws2 = write_workspace(task, tmp_path / "ws_ref")
+    ws2 = materialize_workspace(task.workspace, tmp_path / "ws_ref")
     apply_reference(task, ws2)
     reward, subs = await verify_clawgym(task, ws2)
     assert reward == 1.0 and subs == {"exists": 1.0, "content": 1.0}
@@ -247,7 +248,7 @@ def run_verifier(task, ws, events=()):
 
 def test_pinchbench_grade_runs_on_reference_wrong_and_empty(pinch_folder, tmp_path):
     task = load_pinchbench_folder(pinch_folder).tasks[0]
-    ws = write_workspace(task, tmp_path / "ws")
+    ws = materialize_workspace(task.workspace, tmp_path / "ws")
     empty = run_verifier(task, ws)
     assert empty.error is None and empty.reward == 0.0
     (ws / "NOTES.md").write_text("alpha beta")
@@ -258,7 +259,7 @@ def test_pinchbench_grade_runs_on_reference_wrong_and_empty(pinch_folder, tmp_pa
 
 
 def test_pinchbench_grade_crash_and_bad_scores_are_errors(tmp_path):
-    from benchmarks.importers import PinchBenchGradeVerifier
+    from task_suites.importers import PinchBenchGradeVerifier
 
     cases = {
         "def grade(t, w):\n    raise KeyError('oops')\n": "oops",

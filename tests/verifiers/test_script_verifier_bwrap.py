@@ -4,7 +4,7 @@ import posixpath
 
 import pytest
 
-from benchmarks.suites import clawgymbench, reference_files
+from task_suites import clawgymbench, reference_files
 from clawgym_env.interfaces import SandboxUnavailable, VerifyContext
 from clawgym_env.specs import TaskSpec
 from verifiers import ScriptVerifier

@@ -1,14 +1,17 @@
-"""The `clawgym` command: list environments, run/evaluate a policy, train, inspect, compare.
+"""The `clawgym` command: list environments, run/evaluate a policy, train, inspect, compare, health.
 
-Each subcommand is a thin layer over the Python API, so anything the CLI does a user's script can do.
+Each subcommand is a thin layer over the Python API, so anything the CLI does a user's script can do. This
+module is the composition root: it imports every layer, and no layer imports it.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -20,12 +23,40 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+PIPE_WIDTH = 160
+"""Console width when the output is piped or captured: rich would fall back to 80 and squash table columns."""
+
+OUR_PACKAGES = ("clawgym_env", "verifiers", "harness_adapters", "task_suites", "evaluation", "trainers", "clawgym_cli")
 
 
-def _not_yet(feature: str, issue: int) -> None:
-    console.print(f"[yellow]{feature} is not available yet: it lands with issue #{issue}.[/yellow]")
-    raise typer.Exit(code=2)
+def make_console() -> Console:
+    """The command's console: the terminal's width, or PIPE_WIDTH when not a terminal (unless COLUMNS is set)."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=PIPE_WIDTH)
+    return console
+
+
+console = make_console()
+
+
+def load(module: str, attr: str, feature: str) -> Any:
+    """Import a command's implementation on first use (so `clawgym list` does not load torch).
+
+    A third-party package that is not installed is named, with how to install it, and the command exits 2;
+    any other import error (one of ClawGym's own modules, a broken install) is raised as it is, never hidden.
+    """
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing in OUR_PACKAGES:
+            raise
+        console.print(
+            f"[red]{feature} needs the Python package {missing!r}, which is not installed ({exc}).[/red] "
+            "Install ClawGym's dependencies with `bash scripts/setup.sh` (or `pip install -e '.[dev]'`)."
+        )
+        raise typer.Exit(code=2) from exc
 
 
 @app.command("list")
@@ -95,14 +126,18 @@ def evaluate(
     temperature: Annotated[Optional[float], typer.Option(help="sampling temperature (default: the env's)")] = None,
 ) -> None:
     """Evaluate a policy on environments and write a results table (JSON, text, PNG plot)."""
-    try:
-        from benchmarks.evaluation import evaluate_cli  # noqa: F401
-    except ImportError:
-        _not_yet("evaluation", 8)
-    report = evaluate_cli(
-        env_ids, model=model, repeats=repeats, split=split, level=level, count=count, concurrency=concurrency,
-        out=out, seed=seed, threshold=threshold, engine=engine, temperature=temperature,
+    make_eval_policy = load("evaluation", "make_eval_policy", "evaluation")
+    run_evaluation = load("evaluation", "evaluate", "evaluation")
+    report = run_evaluation(
+        make_eval_policy(model, engine=engine), list(env_ids), split=split, repeats=repeats,
+        concurrency=concurrency, level=level, count=count, seed=seed, run_dir=out, success_threshold=threshold,
+        temperature=temperature, model_name=model,
     )  # fmt: skip
+    report.console_print(console)
+    for stage, reasons in report.failure_reasons.items():
+        for reason, n in list(reasons.items())[:3]:
+            console.print(f"[yellow]failed at {stage} x{n}:[/yellow] {reason}")
+    console.print(f"results: {report.results_path}\ntable: {report.table_path}\nplot: {report.plot_path}")
     # every rollout failing is a broken set-up (harness, sandbox), not a score
     raise typer.Exit(code=1 if all(r.status != "ok" for r in report.rows) else 0)
 
@@ -120,18 +155,14 @@ def main(
 
     Extra Hydra overrides may follow, e.g. `clawgym main optim.lr=1e-5 env.group_size=8`.
     """
-    from trainers.main_job import run_main_job
-
+    run_main_job = load("trainers.main_job", "run_main_job", "the main job")
     run_main_job(console, mix=mix, whitebox=whitebox, quick=quick, steps=steps, run_dir=run_dir, extra=list(ctx.args))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(ctx: typer.Context) -> None:
     """Train with the bundled GRPO/PPO trainers (Hydra overrides follow, e.g. algorithm=ppo)."""
-    try:
-        from trainers.main import main as train_main
-    except ImportError:
-        _not_yet("training", 6)
+    train_main = load("trainers.main", "main", "training")
     sys.argv = ["clawgym-train", *ctx.args]
     train_main()
 
@@ -142,10 +173,7 @@ def inspect(
     rollout: Annotated[Optional[str], typer.Option(help="rollout id (default: the first)")] = None,
 ) -> None:
     """Show a recorded rollout's prefix tree in the terminal and write an HTML page."""
-    try:
-        from clawgym_env.trajectory.inspect import inspect_run
-    except ImportError:
-        _not_yet("the tree inspector", 5)
+    inspect_run = load("clawgym_env.trajectory.inspect", "inspect_run", "the tree inspector")
     text, html_path = inspect_run(run_dir, rollout)
     console.print(text)
     console.print(f"HTML: {html_path}")
@@ -174,11 +202,9 @@ def compare(
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/compare-<time>)")] = None,
 ) -> None:
     """Train white-box and black-box, evaluate both under both, print the 2x2 table."""
-    try:
-        from benchmarks.compare import compare_cli
-    except ImportError:
-        _not_yet("the white-box vs black-box comparison", 8)
+    compare_cli = load("clawgym_cli.compare", "compare_cli", "the white-box vs black-box comparison")
     compare_cli(
+        console=console,
         suite=suite, harness=harness, model=model, algorithm=algorithm, steps=steps, group_size=group_size,
         tasks_per_step=tasks_per_step, train_tasks=train_tasks, eval_tasks=eval_tasks, level=level, repeats=repeats,
         concurrency=concurrency, lr=lr, max_new_tokens=max_new_tokens, max_calls=max_calls, warm_start=warm_start,
@@ -189,11 +215,8 @@ def compare(
 @app.command()
 def health() -> None:
     """Check each installed harness end to end and print a table."""
-    try:
-        from harness_adapters.health import health_cli
-    except ImportError:
-        _not_yet("the harness health check", 7)
-    health_cli()
+    health_cli = load("harness_adapters.health", "health_cli", "the harness health check")
+    health_cli(console=console)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,7 @@
 """White-box vs black-box training, the shape of the experiment: train one policy in the white-box loop,
 another through a black-box harness, evaluate both (and the starting policy) under both, print the 2x2 table.
 
-    from benchmarks.compare import compare
+    from clawgym_cli.compare import compare
     report = compare(suite="ClawGymBench", harness="Pi", model="tiny-qwen3", steps=2)
     report.console_print()
 
@@ -14,7 +14,7 @@ Command line: `clawgym compare --suite ClawGymBench --harness Pi --model qwen2.5
 
 Training goes through the bundled trainers (`trainers.loop.train` on a config composed like `clawgym
 train`), each run saving its final checkpoint; the trained policies are rebuilt from those checkpoints.
-Evaluation is `benchmarks.evaluation.evaluate` on the held-out split (bootstrap-over-tasks CIs). The
+Evaluation is `evaluation.evaluate` on the held-out split (bootstrap-over-tasks CIs). The
 defaults are tiny so that the whole comparison finishes on a small CPU; they show the plumbing, not a
 learning result: scale `model`, `steps`, `group_size` and the task counts up for that.
 """
@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.evaluation import EvalReport, GroupStats, SavedReport, evaluate, fmt_mean_ci
+from evaluation import EvalReport, GroupStats, SavedReport, evaluate, fmt_mean_ci
 
 BASELINE = "baseline (start)"
 TRAINED_IN = "trained in {harness}"

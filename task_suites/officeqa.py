@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.suites._common import Draft, generate
+from task_suites._common import Draft, generate
 from clawgym_env.specs import TaskSpec
 from verifiers.files import AnswerMatches, FileChecksVerifier
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from benchmarks.importers.common import ImportedSuite, import_suite
+from task_suites.importers.common import ImportedSuite, import_suite
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, TaskSpec, WorkspaceSpec
 from verifiers.script import ScriptVerifier
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.importers.common import ImportedSuite, import_suite
+from task_suites.importers.common import ImportedSuite, import_suite
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from clawgym_env.specs import TaskSpec, WorkspaceSpec, check_relative_path
 from verifiers.base import BaseVerifier, VerifierConfigError, host_workspace

@@ -20,8 +20,8 @@ import random
 import shutil
 from pathlib import Path
 
-from benchmarks.importers.clawgym import load_clawgym_folder
-from benchmarks.suites._common import Draft, generate
+from task_suites.importers.clawgym import load_clawgym_folder
+from task_suites._common import Draft, generate
 from clawgym_env.engines.cache import REPO_ROOT, build_once
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, TaskSpec
 

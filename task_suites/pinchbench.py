@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.importers.pinchbench import load_pinchbench_folder
-from benchmarks.suites._common import LEVELS, Draft, check_args, generate
-from benchmarks.suites.clawgymbench import NAMES, WORDS, cache_dir
+from task_suites.importers.pinchbench import load_pinchbench_folder
+from task_suites._common import LEVELS, Draft, check_args, generate
+from task_suites.clawgymbench import NAMES, WORDS, cache_dir
 from clawgym_env.engines.cache import build_once
 from clawgym_env.specs import TaskSpec
 

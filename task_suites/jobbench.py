@@ -19,7 +19,7 @@ import tempfile
 from datetime import date, timedelta
 from pathlib import Path
 
-from benchmarks.suites._common import Draft, fixed_zip, generate
+from task_suites._common import Draft, fixed_zip, generate
 from clawgym_env.specs import TaskSpec
 from verifiers.answer import normalize_text
 from verifiers.files import AnswerMatches, CsvMatches, FileExists, JsonMatches

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.importers {clawgym,pinchbench} PATH [--json]`: load a folder, print the report.
+"""`python -m task_suites.importers {clawgym,pinchbench} PATH [--json]`: load a folder, print the report.
 
 Exit status 0 when every task loaded, 1 when some were broken, 2 when none loaded.
 """
@@ -9,11 +9,11 @@ import argparse
 import json
 import sys
 
-from benchmarks.importers import load_clawgym_folder, load_pinchbench_folder
+from task_suites.importers import load_clawgym_folder, load_pinchbench_folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.importers", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m task_suites.importers", description=__doc__)
     parser.add_argument("format", choices=["clawgym", "pinchbench"])
     parser.add_argument("path")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

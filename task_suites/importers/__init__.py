@@ -4,12 +4,12 @@
     print(suite.report())                              # broken task folders, one by one
     clawgym_env.register(suite)                        # then make("<suite>-<Harness>")
 
-Command line: `python -m benchmarks.importers {clawgym,pinchbench} PATH`.
+Command line: `python -m task_suites.importers {clawgym,pinchbench} PATH`.
 """
 
-from benchmarks.importers.clawgym import ClawGymDataEntry, load_clawgym_folder, load_clawgym_task
-from benchmarks.importers.common import BrokenTask, ImportedSuite
-from benchmarks.importers.pinchbench import PinchBenchGradeVerifier, load_pinchbench_folder, parse_pinchbench_task
+from task_suites.importers.clawgym import ClawGymDataEntry, load_clawgym_folder, load_clawgym_task
+from task_suites.importers.common import BrokenTask, ImportedSuite
+from task_suites.importers.pinchbench import PinchBenchGradeVerifier, load_pinchbench_folder, parse_pinchbench_task
 
 __all__ = [
     "BrokenTask",

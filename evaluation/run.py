@@ -1,0 +1,183 @@
+"""Evaluate a policy on environments (suite x harness): every held-out task, `repeats` times, in parallel.
+
+    from evaluation import evaluate
+    report = evaluate(policy, ["ClawGymBench-WhiteBox", "ClawGymBench-Pi"], split="test", level=0, count=8)
+    report.console_print()                      # rich tables: per env, per category, per harness
+    report.results_path, report.plot_path       # results.json (rows + aggregates) and eval.png
+
+Command line: `clawgym evaluate ClawGymBench-WhiteBox --model qwen2.5-coder-0.5b --level 0 --count 8`.
+
+The statistics are in `evaluation.report`, the tables and plot in `evaluation.tables`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.interfaces import Policy
+from clawgym_env.specs import TaskSpec
+from evaluation.report import EvalConfig, EvalReport, EvalRow, build_report
+from evaluation.task_selection import select_tasks
+
+PolicySource = Policy | Callable[[TaskSpec], Policy]
+"""One policy for every rollout, or a factory giving each rollout its own (e.g. per-task scripted doubles)."""
+
+
+def _policy_for(source: PolicySource, task: TaskSpec) -> Policy:
+    return source if isinstance(source, Policy) else source(task)
+
+
+def _row(env: Any, task: TaskSpec, repeat: int, result: Any, threshold: float, wall_s: float) -> EvalRow:
+    failure = result.failure
+    verdict = result.verifier
+    return EvalRow(
+        env_id=env.env_spec.id,
+        suite=env.suite.name,
+        harness=env.harness.name,
+        task_id=task.id,
+        category=str(task.metadata.get("category", "-")),
+        level=task.metadata.get("level"),
+        repeat=repeat,
+        reward=float(result.reward),
+        success=result.status == "ok" and float(result.reward) >= threshold,
+        status=result.status,
+        failure_stage=failure.stage if failure else None,
+        failure_reason=failure.reason if failure else None,
+        subscores={k: float(v) for k, v in (verdict.subscores if verdict else {}).items()},
+        num_calls=len(result.calls),
+        generated_tokens=int(result.forest.stats.generated_tokens),
+        wall_s=float(result.timings.get("total_s", wall_s)),
+        rollout_id=result.rollout_id,
+    )
+
+
+async def _run_jobs(
+    jobs: list[tuple[Any, TaskSpec, int]],
+    source: PolicySource,
+    concurrency: int,
+    threshold: float,
+    on_done: Callable[[EvalRow], None],
+) -> list[EvalRow]:
+    """All rollouts, at most `concurrency` at a time; a crash or hang becomes a failed row, never an exception."""
+    from clawgym_env.rollout import RolloutFailure, RolloutResult, new_rollout_id
+    from clawgym_env.trajectory import TrajectoryForest
+
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(env: Any, task: TaskSpec, repeat: int) -> EvalRow:
+        rollout_id = new_rollout_id()
+        async with gate:
+            start = time.perf_counter()
+            limit = (env.options.rollout_timeout_s or task.timeout_s) + 120  # the last guard; run_rollout has its own
+            try:
+                policy = _policy_for(source, task)
+                result = await asyncio.wait_for(env.arollout(policy, task, rollout_id), timeout=limit)
+            except Exception as exc:  # noqa: BLE001 - reported as the row's failure
+                reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+                env.runtime.failures.add("rollout", reason)
+                result = RolloutResult(
+                    rollout_id=rollout_id, task_id=task.id, harness=env.harness.name, status="failed",
+                    failure=RolloutFailure(stage="rollout", reason=reason),
+                    forest=TrajectoryForest.failed(rollout_id, reason, task_id=task.id),
+                )  # fmt: skip
+            row = _row(env, task, repeat, result, threshold, time.perf_counter() - start)
+        on_done(row)
+        return row
+
+    return list(await asyncio.gather(*(one(env, task, r) for env, task, r in jobs)))
+
+
+def evaluate(
+    policy: PolicySource,
+    env_ids: Sequence[str],
+    *,
+    split: str = "test",
+    repeats: int = 1,
+    concurrency: int = 2,
+    level: int | None = None,
+    count: int | None = None,
+    seed: int = 0,
+    run_dir: str | Path | None = None,
+    success_threshold: float = 1.0,
+    failed_as_zero: bool = True,
+    temperature: float | None = None,
+    env_overrides: dict[str, Any] | None = None,
+    model_name: str | None = None,
+    save: bool = True,
+    progress: bool = True,
+) -> EvalReport:
+    """Run every task instance of `split` (or `count` of them) under each env, `repeats` times.
+
+    `policy` is one Policy or a function task -> Policy. `seed` is the suites' generation seed (for
+    loaders that take one). `temperature` and `env_overrides` (any EnvOptions field: backend,
+    max_calls, rollout_timeout_s, ...) apply to every env. Results go to `run_dir` (default
+    `runs/eval-<time>`): results.json, table.txt, eval.png, and the proxy's call log.
+    """
+    import clawgym_env
+    from clawgym_env.env import ClawGymEnv
+    from clawgym_env.runtime import Runtime
+
+    if not env_ids:
+        raise ValueError("evaluate needs at least one environment id, e.g. ClawGymBench-WhiteBox")
+    if repeats < 1 or concurrency < 1:
+        raise ValueError(f"repeats and concurrency must be >= 1 (got repeats={repeats}, concurrency={concurrency})")
+    if count is not None and count < 1:
+        raise ValueError(f"count must be >= 1 or None for the whole split (got {count})")
+    if not 0.0 <= success_threshold <= 1.0:
+        raise ValueError(f"success_threshold must be in [0, 1] (got {success_threshold})")
+    for env_id in env_ids:
+        clawgym_env.registry.spec(env_id)  # UnknownEnvironmentError with close matches, before any work
+
+    run_dir = Path(run_dir) if run_dir else Path.cwd() / "runs" / time.strftime("eval-%Y%m%d-%H%M%S")
+    overrides: dict[str, Any] = {"split": split, **(env_overrides or {})}
+    if temperature is not None:
+        overrides["temperature"] = temperature
+    runtime = Runtime(run_dir)
+    start = time.perf_counter()
+    try:
+        jobs: list[tuple[Any, TaskSpec, int]] = []
+        for env_id in env_ids:
+            base = clawgym_env.make(env_id, **overrides)
+            env = ClawGymEnv(base.env_spec, base.suite, base.harness, base.options, runtime=runtime)
+            tasks = select_tasks(env, level=level, count=count, seed=seed)
+            jobs += [(env, task, r) for task in tasks for r in range(repeats)]
+        # Start the shared proxy once, before the rollouts race to start it (Runtime.proxy is not locked).
+        runtime.run(runtime.proxy())
+        rows = _run_with_progress(runtime, jobs, policy, concurrency, success_threshold, progress)
+    finally:
+        runtime.close()
+    name = model_name or (policy.name if isinstance(policy, Policy) else getattr(policy, "name", "policy"))
+    config = EvalConfig(
+        model=name, env_ids=list(env_ids), split=split, repeats=repeats, concurrency=concurrency, level=level,
+        count=count, seed=seed, success_threshold=success_threshold, failed_as_zero=failed_as_zero,
+    )  # fmt: skip
+    report = build_report(rows, config)
+    report.wall_s = time.perf_counter() - start
+    report.run_dir = str(run_dir)
+    if save:
+        report.save(run_dir)
+    return report
+
+
+def _run_with_progress(
+    runtime: Any, jobs: list, policy: PolicySource, concurrency: int, threshold: float, show: bool
+) -> list[EvalRow]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not show:
+        return runtime.run(_run_jobs(jobs, policy, concurrency, threshold, lambda _: None))
+    with Progress(
+        TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
+        TimeElapsedColumn(), transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("rollouts", total=len(jobs), last="")
+
+        def done(row: EvalRow) -> None:
+            bar.update(task, advance=1, last=f"{row.env_id} {row.task_id}: {row.reward:.2f} {row.status}")
+
+        return runtime.run(_run_jobs(jobs, policy, concurrency, threshold, done))
+
