@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from clawgym_env.layers import LAYERS
+
 app = typer.Typer(
     name="clawgym",
     help="Black-box RL of LLM agents through real, unmodified agent harnesses.",
@@ -26,7 +28,6 @@ app = typer.Typer(
 PIPE_WIDTH = 160
 """Console width when the output is piped or captured: rich would fall back to 80 and squash table columns."""
 
-OUR_PACKAGES = ("clawgym_env", "verifiers", "harness_adapters", "task_suites", "evaluation", "trainers", "clawgym_cli")
 
 
 def make_console() -> Console:
@@ -50,7 +51,7 @@ def load(module: str, attr: str, feature: str) -> Any:
         return getattr(importlib.import_module(module), attr)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
-        if not missing or missing in OUR_PACKAGES:
+        if not missing or missing in LAYERS:
             raise
         console.print(
             f"[red]{feature} needs the Python package {missing!r}, which is not installed ({exc}).[/red] "

@@ -10,8 +10,10 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
+from clawgym_env.layers import LAYERS
+
 OUR_ROOT = Path(__file__).resolve().parent.parent
-OUR_TOP_LEVEL = ("verifiers", "harness_adapters", "task_suites", "evaluation", "trainers", "clawgym_cli", "benchmarks")
+OUR_TOP_LEVEL = LAYERS[1:]  # every package of the repository above clawgym_env itself
 
 
 class ShadowedPackageError(ImportError):
