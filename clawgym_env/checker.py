@@ -38,7 +38,12 @@ def check_env(env: ClawGymEnv, policy: Policy | None = None) -> dict[str, Any]:
     assert terminated is True, "one step is one whole rollout: terminated must be True"
     assert 0.0 <= reward <= 1.0, f"reward {reward} outside [0, 1]"
     assert info["status"] in ("ok", "failed", "empty"), info["status"]
-    assert truncated == (info["status"] != "ok"), "a failed rollout must be truncated, a successful one not"
+    # truncated: the rollout failed, or (score_capped) the proxy cut it off at a cap and it was still scored
+    capped = info["status"] == "ok" and info.get("truncated_by") is not None
+    assert truncated == (info["status"] != "ok" or capped), (
+        "a failed or capped rollout must be truncated, a complete one not "
+        f"(status {info['status']!r}, truncated_by {info.get('truncated_by')!r}, truncated {truncated})"
+    )
     try:
         env.step(policy)
     except RuntimeError:

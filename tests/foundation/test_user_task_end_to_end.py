@@ -150,3 +150,14 @@ def test_check_env_with_a_real_step(tmp_path, renderer, suite_name):
         assert info["status"] == "ok"
     finally:
         env.close()
+
+
+def test_check_env_accepts_a_capped_and_scored_rollout(tmp_path, renderer, suite_name):
+    """score_capped: cut at the call cap, verified and scored, so truncated with status ok is correct."""
+    env = clawgym_env.make(f"{suite_name}-Pi", run_dir=tmp_path / "run", max_calls=1, score_capped=True)
+    try:
+        # the real pi CLI: its first call writes the answer, its second is refused by the proxy's cap
+        info = check_env(env, policy_writing(renderer, "42", path=f"{WS}/answer.txt"))
+        assert info["status"] == "ok" and info["truncated_by"] == "call_cap", info["failure"]
+    finally:
+        env.close()
