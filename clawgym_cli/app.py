@@ -33,7 +33,7 @@ PIPE_WIDTH = 160
 def make_console() -> Console:
     """The command's console: the terminal's width, or PIPE_WIDTH when not a terminal (unless COLUMNS is set)."""
     console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
         console = Console(width=PIPE_WIDTH)
     return console
 

@@ -61,7 +61,7 @@ class PolicySpace(spaces.Space[Policy]):
     def sample(self, mask: Any = None, probability: Any = None) -> Policy:
         raise NotImplementedError(
             "a policy cannot be sampled from the action space; pass your own clawgym_env.Policy "
-            "(for example clawgym_env.engines.make_policy('tiny-qwen3')) to env.step"
+            "(for example clawgym_env.policies.make_policy('tiny-qwen3')) to env.step"
         )
 
     def contains(self, x: Any) -> bool:

@@ -12,7 +12,7 @@ import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -27,10 +27,6 @@ class ApiStyle(str, enum.Enum):
     OPENAI_CHAT = "openai-chat"
     OPENAI_RESPONSES = "openai-responses"
     IN_PROCESS = "in-process"  # the white-box loop calls the engine directly
-
-
-WorkspaceFiles = dict[str, str | bytes]
-WorkspaceFunction = Callable[[Path], None]
 
 
 class WorkspaceSpec(BaseModel):
@@ -271,6 +267,3 @@ def resolve_callable(target: Callable[..., Any] | str | None) -> Callable[..., A
         return getattr(module, attr)
     except AttributeError as exc:
         raise ImportError(f"{module_name} has no attribute {attr!r} (from {target!r})") from exc
-
-
-RolloutStatus = Literal["ok", "failed", "empty"]

@@ -122,7 +122,3 @@ def fixed_zip(data: bytes) -> bytes:
                 content = re.sub(rb"(<dcterms:(created|modified)[^>]*>)[^<]*", rb"\g<1>2024-01-01T00:00:00Z", content)
             dst.writestr(fixed, content)
     return out.getvalue()
-
-
-def fmt_number(value: float, decimals: int = 0) -> str:
-    return f"{value:.{decimals}f}" if decimals else str(int(round(value)))

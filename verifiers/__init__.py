@@ -1,5 +1,3 @@
-__clawgym__ = True  # marks this package as ClawGym's own (another PyPI package is also named `verifiers`)
-
 # Verifiers: reward in [0, 1] with named sub-scores from the final workspace state. Every verifier
 # implements `clawgym_env.interfaces.Verifier` (`async verify(ctx) -> VerifierResult`) and reports its
 # own crashes and timeouts as errors, never as a silent 0.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import re
 import subprocess
 import sys
 
@@ -46,8 +49,11 @@ def test_step_requires_reset_and_a_policy(user_env):
 
 
 def test_action_space_cannot_be_sampled(user_env):
-    with pytest.raises(NotImplementedError, match="Policy"):
+    with pytest.raises(NotImplementedError, match="Policy") as raised:
         user_env.action_space.sample()
+    # the function the message points at exists
+    module, name = re.search(r"([\w.]+)\.(\w+)\('tiny-qwen3'\)", str(raised.value)).groups()
+    assert callable(getattr(importlib.import_module(module), name))
 
 
 def test_gymnasium_checks_pass_without_a_step(user_env):
@@ -70,3 +76,34 @@ def test_cli_lists_environments():
         capture_output=True, text=True, check=True,
     ).stdout
     assert '"OfficeQA-ClaudeCode"' in out and "JobBench" not in out
+
+
+def test_cli_tables_keep_their_columns_when_piped():
+    """Piped, rich falls back to 80 columns and squashes tables; the CLI's console is wider."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "clawgym_cli", "list", "--suite", "ClawGymBench"],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout
+    rows = [line for line in out.splitlines() if "ClawGymBench-" in line]
+    styles = [style.value for style in clawgym_env.ApiStyle]
+    assert len(rows) == 5 and all(any(style in row for style in styles) for row in rows), out  # no cell wrapped
+    assert max(len(line) for line in out.splitlines()) > 80, out
+
+
+def test_cli_names_a_missing_dependency_and_raises_our_own_import_errors(tmp_path, monkeypatch):
+    import typer
+
+    from clawgym_cli.app import load
+
+    (tmp_path / "needs_missing_dep.py").write_text("import clawgym_no_such_dependency_xyz\nrun = 1\n")
+    (tmp_path / "broken_import.py").write_text("from clawgym_env.records import NoSuchName\nrun = 1\n")
+    (tmp_path / "missing_own_module.py").write_text("import clawgym_env.no_such_module\nrun = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(typer.Exit) as exited:
+        load("needs_missing_dep", "run", "a feature")
+    assert exited.value.exit_code == 2
+    with pytest.raises(ImportError, match="NoSuchName"):  # a bug in our code is shown, not "not available"
+        load("broken_import", "run", "a feature")
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        load("missing_own_module", "run", "a feature")
