@@ -61,7 +61,10 @@ def fiscal_year(rng: random.Random, fy: int) -> dict:
 
 def _txt_table(title: str, header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
     rule = "-" * len(line(header))
     return "\n".join([title, rule, line(header), rule, *map(line, rows), rule])
 

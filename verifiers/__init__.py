@@ -51,6 +51,7 @@ __all__ = [
     "normalize_text",
     "parse_number",
     "parse_reward_output",
+    "parse_yes_no",
     "python_check",
     "values_match",
 ]

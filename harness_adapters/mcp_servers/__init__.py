@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import sysconfig
 from pathlib import Path
 

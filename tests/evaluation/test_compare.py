@@ -39,7 +39,7 @@ def test_tiny_comparison_trains_both_and_evaluates_all_under_both(tmp_path: Path
             assert stats.rollouts == 1 and 0.0 <= stats.mean_reward <= 1.0
     # each training really ran through its own env and saved the step-1 weights, which the evaluation served
     assert {run.env_id for run in report.training.values()} == {"ClawGymBench-WhiteBox", "ClawGymBench-Pi"}
-    for label, run in report.training.items():
+    for run in report.training.values():
         assert run.summary["steps"] == 1 and Path(run.checkpoint).is_file()
         assert json.loads((Path(run.run_dir) / "config.json").read_text())["env"]["ids"] == [run.env_id]
     evals = {label: Path(path).parent for label, path in report.evaluations.items()}
