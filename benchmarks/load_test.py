@@ -56,7 +56,7 @@ def forget_test_engine_history(engine: Any) -> None:
     """Drop what the ScriptedTestEngine double records for tests to assert on (every prompt, ids and text).
 
     A load run never reads it, and it is the double's memory, not the framework's: kept, it grew ~6 kB per
-    rollout and was most of the growth first reported in issue #9.
+    rollout and was most of the growth the first load runs showed (docs/reliability.md).
     """
     for name in ("prompts", "prompt_texts"):
         history = getattr(engine, name, None)

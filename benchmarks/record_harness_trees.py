@@ -41,7 +41,7 @@ ANSWER = f"{WS}/{ANSWER_FILE}"
 
 
 def read_call(harness: str, path: str) -> str:
-    """Each harness's own read tool (HARNESSES.md)."""
+    """Each harness's own read tool (docs/harnesses.md)."""
     if harness == "ClaudeCode":
         return tool_call("Read", {"file_path": path})
     if harness == "Codex":

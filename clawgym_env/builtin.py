@@ -1,4 +1,8 @@
-"""The suites and harnesses of DESIGN.md, registered at import (lazily: nothing loads until used)."""
+"""The bundled suites and harnesses, registered at import by import string (nothing loads until used).
+
+The ground names them as strings only: `task_suites` and `harness_adapters` sit above this package
+(clawgym_env/layers.py), and an import string is resolved only when an environment is made.
+"""
 
 from __future__ import annotations
 

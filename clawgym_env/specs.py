@@ -206,7 +206,7 @@ class ForestOptions(BaseModel):
     set_aside_subagents: bool = True
     keep_subagent_trees: bool = False
     max_leaves: int = Field(default=16, ge=1)
-    # additive (issue 5): a call whose prompt, past the shared system/tools root, is shorter than this
+    # a call whose prompt, past the shared system/tools root, is shorter than this
     # fraction of the longest history already in its tree is a context-compaction restart
     compaction_ratio: float = Field(default=0.5, gt=0, le=1)
 

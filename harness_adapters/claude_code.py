@@ -2,7 +2,7 @@
 
     claude -p --output-format stream-json --verbose --dangerously-skip-permissions --no-session-persistence
 
-Traps handled here (HARNESSES.md §1): as root, skipping permissions needs IS_SANDBOX=1; stream-json needs
+Traps handled here (docs/harnesses.md): as root, skipping permissions needs IS_SANDBOX=1; stream-json needs
 --verbose; without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC a title side call reaches the policy; the
 default tool set is ~64k characters of schemas (too long for a small model), so `--tools` narrows it;
 retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx).

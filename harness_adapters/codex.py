@@ -2,7 +2,7 @@
 
     codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox "<instruction>"
 
-with a generated `$CODEX_HOME/config.toml`. Traps (HARNESSES.md §3): a catalog model name switches Codex to
+with a generated `$CODEX_HOME/config.toml`. Traps (docs/harnesses.md): a catalog model name switches Codex to
 a JS "code-mode" tool format unfit for an open-weights policy, so the model name is used as given (keep it
 off the catalog); analytics and plugins are off (else it calls out); its own bubblewrap sandbox cannot run
 inside ours, so it is bypassed; and CODEX_HOME must not be under /tmp, so it lives in the private HOME.

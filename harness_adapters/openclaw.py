@@ -3,7 +3,7 @@
     openclaw agent exec --config <generated json5> --cwd <workspace> --model policy/<name> --json "<instruction>"
 
 The API style is selectable: openai-responses (default: the only mode whose `input` list is an exact prefix
-extension of the previous call), openai-completions, anthropic-messages (both rewrite history; HARNESSES.md §2).
+extension of the previous call), openai-completions, anthropic-messages (both rewrite history; docs/harnesses.md).
 OpenClaw has no loop guard of its own (2,205 calls in one measured run), so the proxy's per-rollout call cap
 matters here. MCP servers go in the config's `mcp.servers` (stdio: command, args, env). OpenClaw's default
 Tool Search ("tools" mode) does not put their tools in the request's `tools`: they are cataloged as

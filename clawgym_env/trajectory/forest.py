@@ -43,7 +43,7 @@ class ForestStats(BaseModel):
     subagent_calls_set_aside: int = 0
     dropped_overfork: int = 0
     drift_events: int = 0
-    # additive (issue 5): rollouts reported as failed/empty, and spliced copies of a generation that sit at
+    # rollouts reported as failed/empty, and spliced copies of a generation that sit at
     # another tree position than where it was sampled (non-prefix harnesses): context there, never trained twice
     failed_rollouts: int = 0
     empty_rollouts: int = 0

@@ -1,4 +1,4 @@
-"""Synthetic recordings shaped like the request patterns of real harnesses (HARNESSES.md).
+"""Synthetic recordings shaped like the request patterns of real harnesses (docs/harnesses.md).
 
 Used by the property tests, the benchmark and the docs' statistics until real recordings exist. Calls are
 rendered ChatML-style on integer ids (`<|im_start|>role\\n ... <|im_end|>\\n`) with the prompt segments a
@@ -187,7 +187,7 @@ def _mark_unanswered_retries(rec: _Recorder) -> None:
 def realistic_rollout(seed: int, rollout_id: str = "r0", mode: Mode = "append", total_tokens: int = 30_000) -> SyntheticRollout:
     """A rollout of about `total_tokens` unique tokens shaped like a Claude Code session.
 
-    About 2/3 of it is the system prompt and tool definitions (HARNESSES.md: 24 tools, 64 kB of JSON), the
+    About 2/3 of it is the system prompt and tool definitions (24 tools, 64 kB of JSON in the measured Claude Code requests), the
     rest 16 turns of ~300 generated and ~400 tool-output tokens, with an occasional retry.
     """
     turns = 16

@@ -17,7 +17,7 @@ def test_64_concurrent_rollouts_once(tmp_path):
     assert (report["rollouts"], report["ok"], report["errors"], report["failures"]) == (64, 64, 0, {})
     assert report["calls"] == 128  # every rollout: the write tool call and the final answer
     assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
-    # what stays once all 64 are done (issue #9): no open route, closed stats only up to the bound, no task
+    # what stays once all 64 are done (docs/reliability.md): no open route, closed stats only up to the bound, no task
     assert report["proxy_tables_end"] == {"open": 0, "closed_stats": 16}
     assert report["loop_tasks_left"] == 0
 
