@@ -127,3 +127,29 @@ def test_openclaw_envelope_parsing() -> None:
     parsed = OpenClawAdapter().parse(bad, "", 1)
     assert not parsed.success and "HTTP 500" in parsed.error
     assert parse_json_document("no json here") is None
+
+
+def test_one_write_tool_call_per_harness():
+    """harness_adapters.tool_calls: each harness's own write tool; the shell form carries any content intact."""
+    import base64
+    import json
+    import re
+
+    from harness_adapters.tool_calls import WRITE_TOOL, write_file_call, write_file_call_for_tools
+
+    def parsed(completion: str) -> dict:
+        return json.loads(completion.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+
+    for harness, tool in WRITE_TOOL.items():
+        assert parsed(write_file_call(harness, "/w/a.txt", "x"))["name"] == tool
+    assert parsed(write_file_call_for_tools({"Read", "Write", "Bash"}, "/w/a.txt", "x"))["arguments"] == {
+        "file_path": "/w/a.txt", "content": "x"
+    }  # fmt: skip
+    tricky = "it's $HOME `and` \"quotes\"\n"
+    shell = parsed(write_file_call_for_tools({"exec_command"}, "/w/a.txt", tricky, "/w"))["arguments"]["cmd"]
+    assert base64.b64decode(re.search(r"printf '%s' '([A-Za-z0-9+/=]+)'", shell).group(1)).decode() == tricky
+    assert parsed(write_file_call_for_tools({"bash"}, "/w/a.txt", "x"))["name"] == "bash"
+    with pytest.raises(ValueError, match="no write or shell tool"):
+        write_file_call_for_tools({"read"}, "/w/a.txt", "x")
+    with pytest.raises(ValueError, match="no known write tool"):
+        write_file_call("NoSuchHarness", "/w/a.txt", "x")
