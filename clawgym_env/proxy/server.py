@@ -267,6 +267,9 @@ class ServingProxy:
         """
         state = self._open_state(rollout_id)
         call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id})
+        call.prefix = state.check_prefix(call.prompt_ids, call.segments)
+        if call.generated_ids and call.error is None:
+            state.completed(call)
         state.stats.completed_calls += 1
         state.stats.prompt_tokens += len(call.prompt_ids)
         state.stats.generated_tokens += len(call.generated_ids)
@@ -418,6 +421,8 @@ class ServingProxy:
         call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events
         stats.drift_events += rendered.drift_events
         stats.spliced_turns += rendered.spliced_turns
+        call.rewritten_turns, call.prefix = rendered.rewritten_turns, state.check_prefix(prompt_ids, rendered.segments)
+        stats.rewritten_turns += rendered.rewritten_turns
         t_rendered = time.perf_counter()
         call.timings.render_s = t_rendered - t0
 
@@ -451,8 +456,11 @@ class ServingProxy:
         call.generated_ids, call.logprobs = gen_ids, generation.logprobs
         call.finish_reason, call.policy_version = generation.finish_reason, generation.policy_version
         parsed = renderer.parse(gen_ids, conversation.tool_names)
-        state.memory.remember(call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id)
+        state.memory.remember(
+            call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns
+        )
         state.last_full_ids = prompt_ids + gen_ids
+        state.completed(call)
         stats.completed_calls += 1
         stats.prompt_tokens += len(prompt_ids)
         stats.generated_tokens += len(gen_ids)

@@ -1,11 +1,12 @@
 """Renderers: API conversation -> prompt token ids, generated ids -> text / tool calls / reasoning."""
 
-from clawgym_env.proxy.renderers.base import ParsedOutput, RenderedPrompt, Renderer, SplicedTurn, SpliceLookup
+from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, Renderer, SplicedTurn, SpliceLookup
 from clawgym_env.proxy.renderers.chatml import ChatMLRenderer, TemplateMismatch
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
 
 __all__ = [
     "ChatMLRenderer",
+    "EchoContext",
     "ParsedOutput",
     "RenderedPrompt",
     "Renderer",

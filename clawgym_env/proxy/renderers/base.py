@@ -22,10 +22,34 @@ class SplicedTurn:
     token_ids: list[int]
     source_call: int
     ended_with_stop: bool  # the ids end with the template's end-of-turn token
+    rewrite: str | None = None  # the known harness rewrite undone to match the echo (None: matched as echoed)
 
 
-# Given an echoed assistant message and the prompt ids rendered so far, return the generation to splice.
-SpliceLookup = Callable[[Message, list[int]], SplicedTurn | None]
+@dataclass(slots=True)
+class EchoContext:
+    """Where an echoed assistant turn sits: what the call that generated it would have been prompted with.
+
+    `prompt_before` is the renderer's live list of ids rendered before the turn (read it, never keep it);
+    the generating call's prompt ended with the template's generation prompt (`<|im_start|>assistant\n`
+    for ChatML), so the prompt as that call saw it is `prompt_before + generation_prompt`.
+    `position` counts the assistant turns before this one in the conversation.
+    """
+
+    prompt_before: list[int]
+    generation_prompt: list[int]
+    position: int
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_before) + len(self.generation_prompt)
+
+    def prompt_ids(self) -> list[int]:
+        """The prompt the generating call saw, if the history before the turn is unchanged (a copy)."""
+        return self.prompt_before + self.generation_prompt
+
+
+# Given an echoed assistant message and its context, return the generation to splice (None: re-render it).
+SpliceLookup = Callable[[Message, EchoContext], SplicedTurn | None]
 
 
 @dataclass(slots=True)
@@ -34,6 +58,8 @@ class RenderedPrompt:
     segments: list[PromptSegment]
     drift_events: int = 0  # assistant turns that matched no recorded generation (re-tokenized)
     spliced_turns: int = 0
+    rewritten_turns: int = 0  # spliced turns matched only after undoing a known harness rewrite
+    assistant_turns: int = 0  # assistant turns in the conversation (the position a new generation takes)
 
 
 @dataclass(slots=True)
