@@ -131,6 +131,8 @@ def _explain(
             return "drift", f"the echo of call {previous.call_index}'s generation matched no recorded generation (re-tokenized)"
         if here in ASSISTANT_KINDS:
             return "drift", f"the echo of call {previous.call_index}'s generation differs from its ids"
+        if any(s.kind == "assistant_spliced" and s.source_call == previous.call_index for s in segments):
+            return "edited_history", f"a {here or 'new'} message was inserted before the echo of call {previous.call_index}'s generation"
         return "retry", f"call {previous.call_index}'s generation was not echoed (a retry, or the harness dropped the turn)"
     before = _message_kind(previous.segments, shared)
     kinds = {before, here}
