@@ -38,6 +38,7 @@ from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
 from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
 from clawgym_env.proxy.errors import ProxyError, error_body
+from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
 from clawgym_env.records import CallLog, CallTimings, ModelCall
 from clawgym_env.specs import ApiStyle
@@ -217,6 +218,7 @@ class ServingProxy:
             raise ValueError(f"rollout {rollout_id!r} was already opened on this proxy; rollout ids must be unique")
         if policy.renderer is None:
             raise ValueError("policy.renderer is None: pass a renderer, e.g. ChatMLRenderer(load_qwen_tokenizer())")
+        check_renderer_fits_engine(policy.renderer, policy.engine)
         route = RolloutRoute(
             rollout_id=rollout_id, path_prefix=f"/rollouts/{rollout_id}", api_key="sk-clawgym-" + secrets.token_urlsafe(24)
         )

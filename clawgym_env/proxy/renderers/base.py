@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.records import PromptSegment
@@ -83,3 +83,35 @@ class Renderer(Protocol):
     def parse(self, generated_ids: list[int], tool_names: set[str] | None = None) -> ParsedOutput: ...
 
     def count_tokens(self, conversation: Conversation) -> int: ...
+
+
+# Text where Qwen-family vocabularies differ (Qwen3 added <tool_response> and <think> as single tokens).
+VOCABULARY_PROBE = (
+    "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    '<think>\nx\n</think>\n<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call> héllo 世界<|im_end|>\n'
+)
+_FITTING: set[tuple[int, int]] = set()
+
+
+def check_renderer_fits_engine(renderer: Any, engine: Any) -> None:
+    """Refuse a policy whose renderer tokenizes differently from its engine's model.
+
+    A prompt rendered with another model's tokenizer is ids the model reads as something else (Qwen3's
+    <tool_response> id is a [PAD] token in Qwen2.5's vocabulary). Engines and renderers without a
+    `tokenizer` attribute (remote engines) are not checked.
+    """
+    ours, theirs = getattr(renderer, "tokenizer", None), getattr(engine, "tokenizer", None)
+    if ours is None or theirs is None or ours is theirs or (id(ours), id(theirs)) in _FITTING:
+        return
+    a = list(ours.encode(VOCABULARY_PROBE, add_special_tokens=False))
+    b = list(theirs.encode(VOCABULARY_PROBE, add_special_tokens=False))
+    if a != b:
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        raise ValueError(
+            f"the renderer's tokenizer ({getattr(ours, 'name_or_path', '?')}) and the engine's "
+            f"({getattr(theirs, 'name_or_path', '?')}) tokenize differently (token {at}: renderer id "
+            f"{a[at] if at < len(a) else None} {ours.decode(a[at : at + 1])!r}, engine id {b[at] if at < len(b) else None} "
+            f"{theirs.decode(b[at : at + 1])!r}): build the renderer from the engine's tokenizer, e.g. "
+            "clawgym_env.policies.make_policy(model)"
+        )
+    _FITTING.add((id(ours), id(theirs)))
