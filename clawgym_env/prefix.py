@@ -42,6 +42,22 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def extends(prompt_ids: list[int], previous: ModelCall) -> bool:
+    """Whether `prompt_ids` begins with the previous call's prompt + generated ids (no copy of them made)."""
+    p, g = len(previous.prompt_ids), len(previous.generated_ids)
+    return (
+        len(prompt_ids) >= p + g
+        and prompt_ids[p : p + g] == previous.generated_ids
+        and prompt_ids[:p] == previous.prompt_ids
+    )
+
+
+def same_root(prompt_ids: list[int], segments: Sequence[PromptSegment], other: ModelCall) -> bool:
+    """Whether two prompts have the same root (the same agent), comparing ids only when the lengths agree."""
+    end = root_length(segments)
+    return end == root_length(other.segments) and prompt_ids[:end] == other.prompt_ids[:end]
+
+
 def root_length(segments: Sequence[PromptSegment]) -> int:
     """End of the leading run of system / tools / template segments (the agent's instructions)."""
     end = 0
@@ -92,6 +108,9 @@ def check_prefix(
             reason="new_root",
             detail="the first call with this system prompt and tool set (a subagent, a side call, or changed instructions)",
         )
+    if extends(prompt_ids, previous):
+        n = len(previous.prompt_ids) + len(previous.generated_ids)
+        return PrefixCheck(previous_call=previous.call_index, shared=n, previous_length=n, extended=True)
     full = previous.prompt_ids + previous.generated_ids
     shared = common_prefix_length(prompt_ids, full)
     check = PrefixCheck(previous_call=previous.call_index, shared=shared, previous_length=len(full), extended=True)

@@ -269,7 +269,7 @@ class ServingProxy:
         """
         state = self._open_state(rollout_id)
         call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id})
-        call.prefix = state.check_prefix(call.prompt_ids, call.segments)
+        call.prefix = state.check_prefix(call)
         if call.generated_ids and call.error is None:
             state.completed(call)
         state.stats.completed_calls += 1
@@ -423,7 +423,7 @@ class ServingProxy:
         call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events
         stats.drift_events += rendered.drift_events
         stats.spliced_turns += rendered.spliced_turns
-        call.rewritten_turns, call.prefix = rendered.rewritten_turns, state.check_prefix(prompt_ids, rendered.segments)
+        call.rewritten_turns, call.prefix = rendered.rewritten_turns, state.check_prefix(call)
         stats.rewritten_turns += rendered.rewritten_turns
         t_rendered = time.perf_counter()
         call.timings.render_s = t_rendered - t0

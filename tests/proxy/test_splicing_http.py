@@ -184,3 +184,34 @@ async def test_claude_code_cd_rewrite_of_a_bash_echo_is_spliced_not_drift(proxy,
     assert (stats.rewritten_turns, stats.drift_events, stats.spliced_turns) == (1, 0, 1)
     forest = build_forest(calls, rollout_id=route.rollout_id)
     assert forest.stats.leaves == 1 and forest.stats.rewritten_turns == 1 and forest.stats.drift_events == 0
+
+
+async def test_interleaved_agents_are_each_compared_with_their_own_previous_call(proxy, scripted_policy):
+    """A side agent (another system prompt) between two main calls: no break for either agent."""
+    script = [TAGGED, "Sub: first.", TAGGED.replace("/work", "/tmp"), "Sub: second."]
+    route = proxy.open_rollout("agents", scripted_policy(script))
+    url, headers = f"{route.path_prefix}/v1/chat/completions", {"authorization": f"Bearer {route.api_key}"}
+    tools = [{"type": "function", "function": {"name": "list_dir", "parameters": SCHEMA}}]
+    main = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    side = [{"role": "system", "content": "You write titles."}, {"role": "user", "content": "Title?"}]
+    async with httpx.AsyncClient(base_url=proxy.origin, timeout=30) as client:
+
+        async def ask(messages: list[dict[str, Any]], with_tools: bool) -> dict[str, Any]:
+            body = {"model": "policy", "messages": messages, **({"tools": tools} if with_tools else {})}
+            r = await client.post(url, json=body, headers=headers)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]
+
+        first = await ask(main, True)
+        main += [first, {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "a.txt"}]
+        side.append(await ask(side, False))
+        side.append({"role": "user", "content": "Shorter?"})
+        await ask(main, True)
+        await ask(side, False)
+    calls = proxy.close_rollout(route.rollout_id)
+    checks = [(c.prefix.previous_call, c.prefix.extended, c.prefix.reason) for c in calls]
+    assert checks == [(None, None, None), (None, None, "new_root"), (0, True, None), (1, True, None)]
+    rollout = proxy.stats(route.rollout_id)
+    assert (rollout.prefix_extended, rollout.prefix_breaks, rollout.new_roots) == (2, {}, 1)
+    stats = build_forest(calls, rollout_id=route.rollout_id).stats
+    assert (stats.prefix_extended, stats.prefix_breaks, stats.new_roots) == (2, 0, 1)
