@@ -16,10 +16,12 @@ from clawgym_env.specs import DEFAULT_MOUNT_PATH
 from harness_adapters.base import HarnessInstall
 from harness_adapters.claude_code import ClaudeCodeAdapter
 from harness_adapters.codex import CodexAdapter
+from harness_adapters.openclaw import OpenClawAdapter
 from harness_adapters.pi import PiAdapter
 from tests.harnesses.helpers import one_rollout, scripted_policy, write_call
 
-ADAPTERS = {"ClaudeCode": ClaudeCodeAdapter, "Codex": CodexAdapter, "Pi": PiAdapter}
+ADAPTERS = {"ClaudeCode": ClaudeCodeAdapter, "Codex": CodexAdapter, "Pi": PiAdapter, "OpenClaw": OpenClawAdapter}
+SLOW = {"OpenClaw"}  # 10-25 s of start-up
 FINAL = "Done: the answer is written."
 
 
@@ -46,7 +48,7 @@ def assert_one_branch(result, sources: list[int]) -> None:
     assert result.forest.stats.leaves == 1 and result.forest.stats.prefix_breaks == 0
 
 
-@pytest.mark.parametrize("harness", sorted(ADAPTERS))
+@pytest.mark.parametrize("harness", [pytest.param(h, marks=pytest.mark.slow) if h in SLOW else h for h in sorted(ADAPTERS)])
 async def test_repeated_call_in_two_raw_formats_through_the_cli(harness):
     tagged = write_call(harness, "42")
     policy = scripted_policy([bare(tagged), tagged, FINAL])
