@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -28,8 +29,8 @@ def build_policy(args: argparse.Namespace) -> Policy:
     from clawgym_env.policies import make_policy
 
     if args.script:
-        completions = json.loads(Path(args.script).read_text())
-        return make_policy(engine="scripted", completions=lambda _prompt, it=iter(completions * 1000): next(it), name=args.model_name)
+        replies = itertools.cycle(json.loads(Path(args.script).read_text()))  # replayed in order, round and round
+        return make_policy(engine="scripted", completions=lambda _prompt: next(replies), name=args.model_name)
     return make_policy(args.engine, name=args.model_name, seed=0)
 
 

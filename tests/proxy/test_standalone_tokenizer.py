@@ -86,8 +86,9 @@ def test_standalone_scripted_engine_shares_its_tokenizer(tmp_path):
 
 
 async def test_a_policy_whose_renderer_has_another_vocabulary_is_refused(qwen25_style_model, tmp_path):
-    from clawgym_env.engines.scripted import ScriptedTestEngine
     from transformers import AutoTokenizer
+
+    from clawgym_env.engines.scripted import ScriptedTestEngine
 
     model_tokenizer = AutoTokenizer.from_pretrained(str(qwen25_style_model), local_files_only=True)
     mismatched = Policy(engine=ScriptedTestEngine(model_tokenizer, ["x"]), renderer=ChatMLRenderer(load_qwen_tokenizer()))
