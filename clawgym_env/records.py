@@ -37,6 +37,32 @@ class PromptSegment(BaseModel):
     source_call: int | None = None  # for assistant_spliced: the call index whose generation this is
 
 
+PrefixReason = Literal[
+    "drift",  # an echoed assistant turn differs from what was generated there (re-tokenized, or another generation)
+    "edited_history",  # an earlier user or tool message was changed, removed or inserted
+    "harness_rewrite",  # the harness changed its own instructions (a mid-conversation system message)
+    "compaction",  # the harness replaced its history with a much shorter one (a summary)
+    "retry",  # the harness re-sent an earlier prompt, or did not echo the previous generation
+    "new_root",  # the first call of another system prompt / tool set (a subagent or side call): nothing to extend
+]
+
+
+class PrefixCheck(BaseModel):
+    """Whether a call's prompt began with the full ids (prompt + generation) of the previous call of its agent.
+
+    The previous call is the latest completed call with the same leading system / tools ids (the same
+    agent, as reconstruction groups calls). When the prompt does not extend it, `shared` is where it broke
+    and `reason` says why (see clawgym_env.prefix).
+    """
+
+    previous_call: int | None = None  # None: no earlier call of this agent to extend
+    extended: bool | None = None  # None when there is no previous call
+    shared: int = 0  # common prefix with the previous call's full ids: the break position when not extended
+    previous_length: int = 0  # length of the previous call's full ids
+    reason: PrefixReason | None = None
+    detail: str = ""
+
+
 class CallTimings(BaseModel):
     received_at: float = 0.0  # unix time the request arrived
     render_s: float = 0.0
@@ -58,6 +84,8 @@ class ModelCall(BaseModel):
     policy_version: int = 0
     segments: list[PromptSegment] = Field(default_factory=list)
     drift_events: int = 0  # assistant turns echoed by the harness that matched no recorded generation
+    rewritten_turns: int = 0  # echoed turns spliced after undoing a known harness rewrite (clawgym_env.proxy.splice)
+    prefix: PrefixCheck | None = None  # did the prompt extend the previous call's ids (None: not checked)
     timings: CallTimings = Field(default_factory=CallTimings)
     error: str | None = None
     streamed: bool = False

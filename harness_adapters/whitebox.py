@@ -29,7 +29,7 @@ from typing import Any
 
 from clawgym_env.interfaces import HarnessContext, HarnessResult, Sandbox, SamplingParams
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
-from clawgym_env.proxy.renderers.base import ParsedOutput, SplicedTurn
+from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, SplicedTurn
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
 from clawgym_env.records import CallTimings, ModelCall
 from clawgym_env.specs import ApiStyle
@@ -196,7 +196,7 @@ class WhiteBoxEpisode:
     def conversation(self) -> Conversation:
         return Conversation(messages=self.messages, tools=self.toolbox.specs)
 
-    def _splice(self, message: Message, _prompt_so_far: list[int]) -> SplicedTurn | None:
+    def _splice(self, message: Message, _context: EchoContext) -> SplicedTurn | None:
         return self._generated.get(id(message))
 
     def prompt(self) -> Any:

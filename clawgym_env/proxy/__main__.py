@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -18,28 +19,26 @@ from pathlib import Path
 from clawgym_env.interfaces import Policy, RolloutLimits
 
 
-def _policy(args: argparse.Namespace) -> Policy:
-    from clawgym_env.engines.tokenizer import load_qwen_tokenizer
-    from clawgym_env.proxy.renderers import ChatMLRenderer
+def build_policy(args: argparse.Namespace) -> Policy:
+    """The policy this process serves, built by `make_policy` like every other entry point.
 
-    tokenizer = load_qwen_tokenizer()
+    The renderer uses the engine's own tokenizer and chat template (Qwen2.5's vocabulary differs from
+    Qwen3's at the tool tags: rendering one model's prompt with another's tokenizer feeds it [PAD] ids).
+    A scripted engine is a test double on the Qwen tokenizer: it shares that tokenizer with its renderer.
+    """
+    from clawgym_env.policies import make_policy
+
     if args.script:
-        from clawgym_env.engines.scripted import ScriptedTestEngine
-
-        completions = json.loads(Path(args.script).read_text())
-        engine = ScriptedTestEngine(tokenizer, lambda _prompt, it=iter(completions * 1000): next(it))
-    else:
-        from clawgym_env.engines.transformers_engine import TransformersEngine
-
-        engine = TransformersEngine.from_pretrained(args.engine, seed=0)
-    return Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=args.model_name)
+        replies = itertools.cycle(json.loads(Path(args.script).read_text()))  # replayed in order, round and round
+        return make_policy(engine="scripted", completions=lambda _prompt: next(replies), name=args.model_name)
+    return make_policy(args.engine, name=args.model_name, seed=0)
 
 
 async def _main(args: argparse.Namespace) -> None:
     from clawgym_env.proxy.server import ServingProxy
 
     proxy = ServingProxy(args.run_dir, port=args.port, unix_socket="auto" if args.unix_socket else None)
-    policy = _policy(args)
+    policy = build_policy(args)
     await proxy.start()
     routes = [proxy.open_rollout(r, policy, RolloutLimits(max_new_tokens=args.max_new_tokens)).model_dump() for r in args.rollout]
     info = {

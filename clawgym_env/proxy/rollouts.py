@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from clawgym_env.interfaces import Policy, RolloutLimits, RolloutRoute
+from clawgym_env.prefix import check_prefix, common_prefix_length, extends, same_root
 from clawgym_env.proxy.splice import GenerationMemory
-from clawgym_env.records import ModelCall
+from clawgym_env.records import ModelCall, PrefixCheck
+
+__all__ = ["ROLLOUT_ID_RE", "RolloutState", "RolloutStats", "common_prefix_length"]
 
 ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -28,6 +31,10 @@ class RolloutStats(BaseModel):
     new_tokens: int = 0  # prompt tokens beyond the previous call's full ids + generated tokens (the token cap)
     drift_events: int = 0  # echoed assistant turns that matched no recorded generation
     spliced_turns: int = 0
+    rewritten_turns: int = 0  # spliced after undoing a known harness rewrite (not drift)
+    prefix_extended: int = 0  # calls whose prompt began with the previous call's full ids (same agent)
+    prefix_breaks: dict[str, int] = Field(default_factory=dict)  # calls that did not, by reason (clawgym_env.prefix)
+    new_roots: int = 0  # first calls of another system prompt / tool set (a subagent or side call): not breaks
     closed: bool = False
 
     def count_error(self, kind: str) -> None:
@@ -45,25 +52,50 @@ class RolloutState:
     calls: list[ModelCall] = field(default_factory=list)
     next_index: int = 0
     last_full_ids: list[int] = field(default_factory=list)
+    agents: dict[int, ModelCall] = field(default_factory=dict)  # latest completed call of each root (agent)
+    last_agent: int | None = None  # the agent of the latest completed call
+    _agent_of: dict[int, int] = field(default_factory=dict)  # call index -> its agent, decided when checked
+    _agents_seen: int = 0  # agents numbered in order of their first checked call
     closed: bool = False
+
+    def check_prefix(self, call: ModelCall) -> PrefixCheck:
+        """Compare a call's prompt with the latest completed call of its agent, and count the outcome.
+
+        Cheap in the common case: one comparison with the latest call's ids. Only a prompt that does not
+        extend it is matched against the other agents' roots and explained.
+        """
+        prompt, segments = call.prompt_ids, call.segments
+        agent = self.last_agent
+        previous = self.agents.get(agent) if agent is not None else None
+        if previous is None or not extends(prompt, previous):
+            agent = next((a for a, c in reversed(self.agents.items()) if same_root(prompt, segments, c)), None)
+            previous = self.agents.get(agent) if agent is not None else None
+            if agent is None:
+                agent, self._agents_seen = self._agents_seen, self._agents_seen + 1
+        self._agent_of[call.call_index] = agent
+        check = check_prefix(previous, prompt, segments, first_of_rollout=not self.agents)
+        if check.extended:
+            self.stats.prefix_extended += 1
+        elif check.reason == "new_root":
+            self.stats.new_roots += 1
+        elif check.reason is not None:
+            self.stats.prefix_breaks[check.reason] = self.stats.prefix_breaks.get(check.reason, 0) + 1
+        return check
+
+    def completed(self, call: ModelCall) -> None:
+        """A call that generated: later prompts of its agent are compared with its full ids."""
+        agent = self._agent_of.pop(call.call_index, None)
+        if agent is None or agent not in self.agents:  # a new root, unless a concurrent call just opened it
+            known = next((a for a, c in self.agents.items() if same_root(call.prompt_ids, call.segments, c)), None)
+            if known is not None:
+                agent = known
+            elif agent is None:
+                agent, self._agents_seen = self._agents_seen, self._agents_seen + 1
+        self.agents[agent] = call
+        self.last_agent = agent
 
     def take_index(self) -> int:
         index = self.next_index
         self.next_index += 1
         self.stats.calls += 1
         return index
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix of two id lists (slice comparisons run in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

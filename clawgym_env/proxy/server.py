@@ -38,6 +38,7 @@ from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
 from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
 from clawgym_env.proxy.errors import ProxyError, error_body
+from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
 from clawgym_env.records import CallLog, CallTimings, ModelCall
 from clawgym_env.specs import ApiStyle
@@ -217,6 +218,7 @@ class ServingProxy:
             raise ValueError(f"rollout {rollout_id!r} was already opened on this proxy; rollout ids must be unique")
         if policy.renderer is None:
             raise ValueError("policy.renderer is None: pass a renderer, e.g. ChatMLRenderer(load_qwen_tokenizer())")
+        check_renderer_fits_engine(policy.renderer, policy.engine)
         route = RolloutRoute(
             rollout_id=rollout_id, path_prefix=f"/rollouts/{rollout_id}", api_key="sk-clawgym-" + secrets.token_urlsafe(24)
         )
@@ -267,6 +269,9 @@ class ServingProxy:
         """
         state = self._open_state(rollout_id)
         call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id})
+        call.prefix = state.check_prefix(call)
+        if call.generated_ids and call.error is None:
+            state.completed(call)
         state.stats.completed_calls += 1
         state.stats.prompt_tokens += len(call.prompt_ids)
         state.stats.generated_tokens += len(call.generated_ids)
@@ -418,6 +423,8 @@ class ServingProxy:
         call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events
         stats.drift_events += rendered.drift_events
         stats.spliced_turns += rendered.spliced_turns
+        call.rewritten_turns, call.prefix = rendered.rewritten_turns, state.check_prefix(call)
+        stats.rewritten_turns += rendered.rewritten_turns
         t_rendered = time.perf_counter()
         call.timings.render_s = t_rendered - t0
 
@@ -451,8 +458,11 @@ class ServingProxy:
         call.generated_ids, call.logprobs = gen_ids, generation.logprobs
         call.finish_reason, call.policy_version = generation.finish_reason, generation.policy_version
         parsed = renderer.parse(gen_ids, conversation.tool_names)
-        state.memory.remember(call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id)
+        state.memory.remember(
+            call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns
+        )
         state.last_full_ids = prompt_ids + gen_ids
+        state.completed(call)
         stats.completed_calls += 1
         stats.prompt_tokens += len(prompt_ids)
         stats.generated_tokens += len(gen_ids)

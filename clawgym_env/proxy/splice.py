@@ -6,15 +6,30 @@ Re-tokenizing those turns would train on tokens the model never sampled. So for 
 every generation (raw ids including the stop token, and its parsed structure) and, when a request echoes
 an assistant turn, find the generation by *structure*: stripped text plus each tool call's name and
 canonical arguments (sorted keys, compact JSON). Ids and formatting never take part in the match.
+
+The same call can be made twice with different raw text (bare JSON once, `<tool_call>` tags the next
+time): both generations then share a structure, and each echo must get the ids of the call it came from,
+or the next prompt no longer extends the previous one. `GenerationMemory.find` picks, in this order, the
+generation whose prompt is exactly the prompt this turn sits after (the append-only case), then the one
+at the same position among the conversation's assistant turns, then the one sharing the longest prefix
+with it (an edited history), then the one whose reasoning matches, then the latest.
+
+Some harnesses rewrite an echoed call on purpose (`HARNESS_REWRITES`: Claude Code drops a leading
+`cd <workspace> && ` from a Bash command). A generation is also remembered under the structure its
+rewritten echo will have, so the echo is still spliced (a structural match, not drift) and counted as
+rewritten.
 """
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from clawgym_env.prefix import common_prefix_length
 from clawgym_env.proxy.conversation import Message, ToolCall, canonical_arguments
-from clawgym_env.proxy.renderers.base import ParsedOutput, SplicedTurn
+from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, SplicedTurn
 
 StructureKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -23,6 +38,41 @@ def structure_key(text: str, tool_calls: list[ToolCall]) -> StructureKey:
     return (text.strip(), tuple((c.name, canonical_arguments(c.arguments)) for c in tool_calls))
 
 
+# ------------------------------------------------------------------------------- harness rewrites
+_LEADING_CD = re.compile(r"""^\s*cd\s+(?:"[^"]*"|'[^']*'|[^\s;&|'"]+)\s*&&\s*""")
+
+
+def strip_leading_cd(call: ToolCall) -> ToolCall | None:
+    """Claude Code's Bash echo: `cd <dir> && <rest>` comes back as `<rest>` (None: the rule does not apply)."""
+    if call.name != "Bash" or not isinstance(call.arguments, dict):
+        return None
+    command = call.arguments.get("command")
+    if not isinstance(command, str):
+        return None
+    match = _LEADING_CD.match(command)
+    if match is None or not command[match.end() :].strip():
+        return None
+    return ToolCall(call.name, {**call.arguments, "command": command[match.end() :]}, call.id)
+
+
+# name -> how a harness re-writes one generated tool call when it echoes it (None: left as generated)
+HARNESS_REWRITES: dict[str, Callable[[ToolCall], ToolCall | None]] = {
+    "claude_code_bash_cd_prefix": strip_leading_cd,
+}
+
+
+def rewritten_keys(text: str, tool_calls: list[ToolCall]) -> list[tuple[str, StructureKey]]:
+    """(rule name, structure key of the echo) for each known rewrite that changes this generation."""
+    keys = []
+    for name, rule in HARNESS_REWRITES.items():
+        changed = [rule(c) for c in tool_calls]
+        if any(c is not None for c in changed):
+            calls = [new or old for new, old in zip(changed, tool_calls, strict=True)]
+            keys.append((name, structure_key(text, calls)))
+    return keys
+
+
+# ------------------------------------------------------------------------------------------ memory
 @dataclass(slots=True)
 class RecordedGeneration:
     call_index: int
@@ -30,6 +80,7 @@ class RecordedGeneration:
     token_ids: list[int]  # raw generated ids, including the stop token when the engine emitted one
     ended_with_stop: bool
     reasoning: str | None
+    position: int | None = None  # assistant turns before this one in its call's conversation
 
 
 class GenerationMemory:
@@ -37,6 +88,7 @@ class GenerationMemory:
 
     def __init__(self) -> None:
         self._by_key: dict[StructureKey, list[RecordedGeneration]] = {}
+        self._by_rewrite: dict[StructureKey, list[tuple[RecordedGeneration, str]]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -49,7 +101,9 @@ class GenerationMemory:
         token_ids: list[int],
         parsed: ParsedOutput,
         end_token_id: int,
+        position: int | None = None,
     ) -> None:
+        """Keep a generation; `position` is the number of assistant turns its prompt held."""
         if not token_ids:
             return  # an empty generation cannot be echoed meaningfully; it is rendered if it ever is
         record = RecordedGeneration(
@@ -58,26 +112,49 @@ class GenerationMemory:
             token_ids=list(token_ids),
             ended_with_stop=token_ids[-1] == end_token_id,
             reasoning=parsed.reasoning,
+            position=position,
         )
         key = structure_key(parsed.text, parsed.tool_calls)
+        aliases = rewritten_keys(parsed.text, parsed.tool_calls)
         with self._lock:
             self._by_key.setdefault(key, []).append(record)
+            for name, alias in aliases:
+                self._by_rewrite.setdefault(alias, []).append((record, name))
 
-    def find(self, message: Message, prompt_so_far: list[int]) -> SplicedTurn | None:
-        """The generation an echoed assistant message came from, or None (a drift event).
-
-        When several generations share a structure (a retried call, a repeated `ls`), prefer the one
-        whose prompt is exactly the prompt rendered so far (the append-only case), then one whose
-        reasoning matches the echo, then the latest.
-        """
+    def find(self, message: Message, context: EchoContext) -> SplicedTurn | None:
+        """The generation an echoed assistant message came from, or None (a drift event)."""
         key = structure_key(message.content, message.tool_calls)
+        rules: dict[int, str] = {}  # id(record) -> the rewrite its echo needed
         with self._lock:
             candidates = list(self._by_key.get(key, ()))
+            if not candidates:
+                for record, name in self._by_rewrite.get(key, ()):
+                    candidates.append(record)
+                    rules[id(record)] = name
         if not candidates:
             return None
-        chosen = candidates[-1]
-        if len(candidates) > 1:
-            exact = [c for c in candidates if len(c.prompt_ids) == len(prompt_so_far) and c.prompt_ids == prompt_so_far]
-            same_reasoning = [c for c in candidates if message.reasoning and c.reasoning == message.reasoning.strip()]
-            chosen = (exact or same_reasoning or candidates)[-1]
-        return SplicedTurn(token_ids=chosen.token_ids, source_call=chosen.call_index, ended_with_stop=chosen.ended_with_stop)
+        chosen = candidates[-1] if len(candidates) == 1 else _closest(candidates, message, context)
+        rewrite = rules.get(id(chosen))
+        return SplicedTurn(
+            token_ids=chosen.token_ids, source_call=chosen.call_index, ended_with_stop=chosen.ended_with_stop, rewrite=rewrite
+        )
+
+
+def _closest(candidates: list[RecordedGeneration], message: Message, context: EchoContext) -> RecordedGeneration:
+    """Among generations of one structure, the one this echo came from (see the module docstring)."""
+    length = context.prompt_length
+    prompt = context.prompt_ids()
+    exact = [c for c in candidates if len(c.prompt_ids) == length and c.prompt_ids == prompt]
+    if exact:
+        return exact[-1]
+    reasoning = message.reasoning.strip() if message.reasoning else None
+
+    def score(c: RecordedGeneration) -> tuple[bool, int, bool, int]:
+        return (
+            c.position == context.position,
+            common_prefix_length(c.prompt_ids, prompt),
+            reasoning is not None and c.reasoning == reasoning,
+            c.call_index,
+        )
+
+    return max(candidates, key=score)

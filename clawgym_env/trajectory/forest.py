@@ -50,6 +50,16 @@ class ForestStats(BaseModel):
     compaction_trees: int = 0
     subagent_trees: int = 0
     relocated_splice_tokens: int = 0
+    # did each call's prompt extend the previous call of its agent (clawgym_env.prefix)? breaks by reason
+    prefix_extended: int = 0
+    prefix_breaks: int = 0
+    breaks_drift: int = 0
+    breaks_edited_history: int = 0
+    breaks_harness_rewrite: int = 0
+    breaks_compaction: int = 0
+    breaks_retry: int = 0
+    new_roots: int = 0  # first calls of another system prompt / tool set (subagents, side calls): not breaks
+    rewritten_turns: int = 0  # echoes spliced after undoing a known harness rewrite (not drift)
 
     def __add__(self, other: ForestStats) -> ForestStats:
         return ForestStats(**{k: getattr(self, k) + getattr(other, k) for k in type(self).model_fields})

@@ -97,6 +97,9 @@ def render_text(forest: TrajectoryForest, decode: Decode | None = None, width: i
             add(branch, aux, root)
     console.print(head)
     console.print(_calls_table(forest))
+    breaks = prefix_breaks(forest)
+    if breaks:
+        console.print(Text("Prefix breaks: " + "; ".join(breaks)))
     filtered = forest.metadata.get("filtered", [])
     if filtered:
         console.print(Text("Filtered: " + "; ".join(f"call {f['call_index']}: {f['filter']} ({f['reason']})" for f in filtered)))
@@ -110,8 +113,42 @@ def _headline(forest: TrajectoryForest) -> str:
     return (
         f"rollout {forest.rollout_id} | task {forest.task_id or '-'} | harness {forest.harness or '-'} | {status} | "
         f"reward {reward} | {s.unique_tokens:,} unique tokens, {s.generated_tokens:,} generated, {s.leaves} branches "
-        f"({s.branch_tokens:,} branch tokens) | calls {s.calls} (failed {s.failed_calls})"
+        f"({s.branch_tokens:,} branch tokens) | calls {s.calls} (failed {s.failed_calls}) | {_prefix_summary(s)}"
     )
+
+
+BREAK_REASONS = ("drift", "edited_history", "harness_rewrite", "compaction", "retry")
+
+
+def _prefix_summary(s: Any) -> str:
+    """How many prompts extended the previous call of their agent, and why the others did not."""
+    reasons = [f"{r} {getattr(s, 'breaks_' + r)}" for r in BREAK_REASONS if getattr(s, "breaks_" + r)]
+    text = f"prefix extended {s.prefix_extended}, broke {s.prefix_breaks}" + (f" ({', '.join(reasons)})" if reasons else "")
+    if s.rewritten_turns:
+        text += f", rewritten echoes {s.rewritten_turns}"
+    return text
+
+
+def _prefix_cell(check: dict[str, Any] | None) -> str:
+    if not check:
+        return "-"
+    if check.get("extended"):
+        return f"extends {check['previous_call']}"
+    if check.get("reason") == "new_root":
+        return "new root"
+    if check.get("reason") is None:
+        return "first"
+    return f"{check['reason']} @{check['shared']:,}/{check['previous_length']:,}"
+
+
+def prefix_breaks(forest: TrajectoryForest) -> list[str]:
+    """One line per call whose prompt did not extend the previous call of its agent: where and why."""
+    out = []
+    for rec in forest.metadata.get("calls", []):
+        check = rec.get("prefix") or {}
+        if check.get("extended") is False:
+            out.append(f"call {rec['call_index']} vs call {check['previous_call']}: {check['reason']}, {check['detail']}")
+    return out
 
 
 def _call_rows(forest: TrajectoryForest) -> list[dict[str, Any]]:
@@ -126,6 +163,7 @@ def _call_rows(forest: TrajectoryForest) -> list[dict[str, Any]]:
                 "prompt": rec["prompt_tokens"],
                 "generated": rec["generated_tokens"],
                 "shared prefix": rec.get("shared_prefix", "-"),
+                "prefix": _prefix_cell(rec.get("prefix")),
                 "queue s": f"{t.get('queue_s', 0):.3f}",
                 "generate s": f"{t.get('generate_s', 0):.3f}",
                 "total s": f"{t.get('total_s', 0):.3f}",
@@ -182,9 +220,13 @@ def render_html(forest: TrajectoryForest, decode: Decode | None = None) -> str:
     if rows:
         parts.append("<table><tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) + "</tr>")
         for row in rows:
-            cls = ' class="bad"' if row["decision"] in ("failed", "dead leaf") else ""
+            broke = row["prefix"] not in ("-", "first", "new root") and not row["prefix"].startswith("extends")
+            cls = ' class="bad"' if row["decision"] in ("failed", "dead leaf") or broke else ""
             parts.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row.values()) + "</tr>")
         parts.append("</table>")
+    breaks = prefix_breaks(forest)
+    if breaks:
+        parts.append("<h3>Prefix breaks</h3><ul>" + "".join(f"<li>{html.escape(b)}</li>" for b in breaks) + "</ul>")
     stats = forest.stats.model_dump()
     parts.append("<table>" + "".join(f"<tr><th>{k}</th><td>{v:,}</td></tr>" for k, v in stats.items()) + "</table>")
     title = html.escape(f"rollout {forest.rollout_id}")
@@ -272,6 +314,8 @@ def recording_stats(path: str | Path, options: ForestOptions | None = None) -> l
                 "compaction calls": s.compaction_calls_set_aside,
                 "subagent calls": s.subagent_calls_set_aside,
                 "relocated splice tokens": s.relocated_splice_tokens,
+                "prefix extended": s.prefix_extended,
+                "prefix breaks": s.prefix_breaks,
                 "prompt tokens sent": sum(len(c.prompt_ids) for c in calls),
             }
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from clawgym_env.prefix import check_prefix
 from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory import filters
@@ -49,6 +50,7 @@ def build_forest(
     prepared = [PreparedCall.from_call(c) for c in ordered]
     records = {pc.index: _call_record(pc) for pc in prepared}
     live = [pc for pc in prepared if not filters.is_failed_call(pc)]
+    _count_prefix_checks(live, records, stats, options.compaction_ratio)
     removed: list[dict[str, Any]] = []
     for pc in prepared:
         if filters.is_failed_call(pc):
@@ -106,6 +108,34 @@ def build_forest(
         forest.status, forest.failure, forest.reward = "failed", failure, None
         stats.failed_rollouts = 1
     return forest
+
+
+def _count_prefix_checks(
+    live: list[PreparedCall], records: dict[int, dict[str, Any]], stats: ForestStats, compaction_ratio: float
+) -> None:
+    """Per call: did its prompt extend the previous call of its agent? As the proxy recorded it, or checked here.
+
+    Calls recorded without a check (older logs, other recorders) are compared with the previous live call
+    of the same root, in call order, by the same rule the proxy applies.
+    """
+    latest: dict[Any, ModelCall] = {}
+    for pc in live:
+        call = pc.call
+        check = call.prefix
+        if check is None:
+            previous = latest.get(pc.root_key)
+            check = check_prefix(previous, call.prompt_ids, call.segments, first_of_rollout=not latest, compaction_ratio=compaction_ratio)
+        latest[pc.root_key] = call
+        records[pc.index]["prefix"] = check.model_dump()
+        stats.rewritten_turns += call.rewritten_turns
+        if check.extended:
+            stats.prefix_extended += 1
+        elif check.reason == "new_root":
+            stats.new_roots += 1
+        elif check.reason is not None:
+            stats.prefix_breaks += 1
+            name = f"breaks_{check.reason}"
+            setattr(stats, name, getattr(stats, name) + 1)
 
 
 def _validated(calls: list[ModelCall], rollout_id: str) -> list[ModelCall]:
@@ -190,5 +220,7 @@ def _call_record(pc: PreparedCall) -> dict[str, Any]:
         "policy_version": call.policy_version,
         "error": call.error,
         "drift_events": call.drift_events,
+        "rewritten_turns": call.rewritten_turns,
+        "prefix": None,
         "timings": call.timings.model_dump(),
     }

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from clawgym_env.prefix import RootKey
+from clawgym_env.prefix import root_key as prefix_root_key
 from clawgym_env.records import ModelCall
 from clawgym_env.trajectory.forest import SOURCE_CODE
 
@@ -74,26 +76,14 @@ class PreparedCall:
         )
 
 
-# (length, hash) of the leading ids: hashed once per call, since a system prompt plus tool definitions
-# can be 20k ids and a tuple does not cache its hash
-RootKey = tuple[int, int] | None
-ROOT_KINDS = frozenset({"system", "tools", "template"})
-
-
 def root_key(call: ModelCall) -> RootKey:
     """What makes two calls the same agent: the ids of their leading system / tools / template segments.
 
     A subagent (or a side call such as a title generator) has another system prompt or tool set, so its
-    key differs. Calls recorded without segments have key None and all count as one root.
+    key differs. Calls recorded without segments have key None and all count as one root. The key is
+    (length, hash): a system prompt plus tool definitions can be 20k ids, hashed once per call.
     """
-    if not call.segments:
-        return None
-    end = 0
-    for seg in sorted(call.segments, key=lambda s: s.start):
-        if seg.kind not in ROOT_KINDS or seg.start != end:
-            break
-        end = seg.end
-    return end, hash(tuple(call.prompt_ids[:end]))
+    return prefix_root_key(call.prompt_ids, call.segments)
 
 
 def common_prefix_length(a: list[int], b: list[int], block: int = 512) -> int:

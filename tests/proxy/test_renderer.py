@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter, ResponsesAdapter
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec, canonical_arguments
-from clawgym_env.proxy.renderers import ChatMLRenderer, SplicedTurn, TemplateMismatch, parse_generation_text
+from clawgym_env.proxy.renderers import ChatMLRenderer, EchoContext, SplicedTurn, TemplateMismatch, parse_generation_text
 from clawgym_env.proxy.renderers.chatml import probe_conversations
-from clawgym_env.proxy.splice import GenerationMemory
+from clawgym_env.proxy.splice import GenerationMemory, strip_leading_cd
 from tests.proxy.conftest import WRITE_SCHEMA
 
 CLAUDE_CODE_LIKE = {
@@ -122,13 +124,103 @@ def test_splice_replaces_the_echoed_turn_with_the_recorded_ids(renderer, tokeniz
     assert second.drift_events == 0 and second.spliced_turns == 1
 
 
-def test_memory_prefers_the_generation_whose_prompt_matches(renderer):
+LIST_DIR = {"name": "list_dir", "arguments": {"path": "/work"}}
+LS_TOOLS = [ToolSpec("list_dir", "List a folder.", {"type": "object", "properties": {"path": {"type": "string"}}})]
+
+
+def generate(renderer, tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False) + [renderer.im_end_id]
+
+
+def echo_of(parsed) -> Message:
+    """The assistant turn as a harness echoes it: structure only (ids and raw formatting are gone)."""
+    return Message("assistant", parsed.text, [ToolCall(c.name, dict(c.arguments), id="x") for c in parsed.tool_calls])
+
+
+def run_repeated_calls(renderer, tokenizer, edit_task: bool = False):
+    """Three calls through the renderer; the model makes one call twice with different raw text."""
+    texts = [json.dumps(LIST_DIR), "<tool_call>\n" + json.dumps(LIST_DIR) + "\n</tool_call>"]
+    memory = GenerationMemory()
+    messages = [Message("user", "List /work twice.")]
+    prompts, generations = [], []
+    for index, text in enumerate(texts):
+        rendered = renderer.render(Conversation(list(messages), LS_TOOLS), memory.find)
+        generated = generate(renderer, tokenizer, text)
+        parsed = renderer.parse(generated, {"list_dir"})
+        assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("list_dir", {"path": "/work"})]
+        memory.remember(index, rendered.prompt_ids, generated, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns)
+        prompts.append(rendered.prompt_ids)
+        generations.append(generated)
+        messages += [echo_of(parsed), Message("tool", "a.txt")]
+    if edit_task:
+        messages[0] = Message("user", "List /work twice, please.")
+    last = renderer.render(Conversation(messages, LS_TOOLS), memory.find)
+    return prompts, generations, last
+
+
+def test_repeated_call_with_different_raw_text_is_spliced_from_its_own_generation(renderer, tokenizer):
+    prompts, generations, last = run_repeated_calls(renderer, tokenizer)
+    assert generations[0] != generations[1]  # one structure, two id sequences
+    assert prompts[1][: len(prompts[0]) + len(generations[0])] == prompts[0] + generations[0]
+    assert last.prompt_ids[: len(prompts[1]) + len(generations[1])] == prompts[1] + generations[1]
+    assert [s.source_call for s in last.segments if s.kind == "assistant_spliced"] == [0, 1]
+    assert (last.drift_events, last.spliced_turns, last.assistant_turns) == (0, 2, 2)
+
+
+def test_after_an_edited_history_echoes_are_matched_by_position(renderer, tokenizer):
+    """No recorded prompt equals the edited history: each echo still gets the generation at its position."""
+    _, generations, last = run_repeated_calls(renderer, tokenizer, edit_task=True)
+    spliced = [s for s in last.segments if s.kind == "assistant_spliced"]
+    assert [s.source_call for s in spliced] == [0, 1]
+    assert [last.prompt_ids[s.start : s.end] for s in spliced] == generations
+
+
+def test_memory_without_positions_prefers_the_longest_shared_prompt(renderer):
     memory = GenerationMemory()
     parsed = parse_generation_text("ls")
-    memory.remember(0, [1, 2, 3], [10, 11], parsed, 11)
-    memory.remember(1, [9, 9], [20, 11], parsed, 11)
-    assert memory.find(Message("assistant", "ls"), [1, 2, 3]) == SplicedTurn([10, 11], 0, True)
-    assert memory.find(Message("assistant", "ls"), [5]).source_call == 1  # no exact prompt: the latest
+    memory.remember(0, [1, 2, 3, 7], [10, 11], parsed, 11)
+    memory.remember(1, [1, 2, 3, 7, 10, 11, 4, 7], [20, 11], parsed, 11)
+    echo = Message("assistant", "ls")
+    assert memory.find(echo, EchoContext([1, 2, 3], [7], 0)) == SplicedTurn([10, 11], 0, True)
+    assert memory.find(echo, EchoContext([1, 2, 3, 7, 10, 11, 4], [7], 1)).source_call == 1
+    # an edited history shares more with call 1's prompt (past call 0's) than with call 0's: call 1
+    assert memory.find(echo, EchoContext([1, 2, 3, 7, 10, 11, 5], [7], 5)).source_call == 1
+
+
+def test_claude_code_cd_prefix_rewrite_is_a_structural_match(renderer, tokenizer):
+    bash = {"name": "Bash", "arguments": {"command": "cd /tmp/ws && ls -la", "description": "list"}}
+    tools = [ToolSpec("Bash", "Run.", {"type": "object", "properties": {"command": {"type": "string"}}})]
+    first = renderer.render(Conversation([Message("user", "ls")], tools))
+    generated = generate(renderer, tokenizer, "<tool_call>\n" + json.dumps(bash) + "\n</tool_call>")
+    parsed = renderer.parse(generated, {"Bash"})
+    memory = GenerationMemory()
+    memory.remember(0, first.prompt_ids, generated, parsed, renderer.end_of_turn_id, position=0)
+    echoed = Message("assistant", "", [ToolCall("Bash", {"command": "ls -la", "description": "list"}, id="t")])
+    second = renderer.render(Conversation([Message("user", "ls"), echoed, Message("tool", "a")], tools), memory.find)
+    assert second.prompt_ids[: len(first.prompt_ids) + len(generated)] == first.prompt_ids + generated
+    assert (second.drift_events, second.spliced_turns, second.rewritten_turns) == (0, 1, 1)
+    # a different command is not a rewrite of this one: drift, re-tokenized
+    other = Message("assistant", "", [ToolCall("Bash", {"command": "ls", "description": "list"}, id="t")])
+    third = renderer.render(Conversation([Message("user", "ls"), other, Message("tool", "a")], tools), memory.find)
+    assert (third.drift_events, third.spliced_turns, third.rewritten_turns) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "command,echo",
+    [
+        ("cd /work && ls", "ls"),
+        ('cd "/my dir" && make test', "make test"),
+        ("cd /work&&git status", "git status"),
+        ("  cd /work  &&  pytest -q", "pytest -q"),
+        ("cd /work; ls", None),  # not `&&`: Claude Code keeps it
+        ("cd /work && ", None),  # nothing left to run
+        ("echo cd /work && ls", None),
+    ],
+)
+def test_strip_leading_cd(command, echo):
+    out = strip_leading_cd(ToolCall("Bash", {"command": command}))
+    assert (out.arguments["command"] if out else None) == echo
+    assert strip_leading_cd(ToolCall("Write", {"command": command})) is None
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from typing import Any
 
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
-from clawgym_env.proxy.renderers.base import ParsedOutput, RenderedPrompt, SpliceLookup
+from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
 from clawgym_env.records import PromptSegment, SegmentKind
 
@@ -206,21 +206,33 @@ class ChatMLRenderer:
                 else:
                     segments.append(PromptSegment(start=offset + start, end=offset + end, kind=kind, source_call=src))
 
+        header, header_runs = self._encode_pieces(self.generation_prompt)
+        position = rewritten = 0
         for message, pieces in self._blocks(conversation):
             if message is not None and splice is not None:
-                turn = splice(message, ids)
+                turn = splice(message, EchoContext(ids, header, position))
+                position += 1
                 if turn is not None:
                     spliced += 1
-                    header, header_runs = self._encode_pieces(self.generation_prompt)
+                    rewritten += turn.rewrite is not None
                     add(header, header_runs)
                     add(turn.token_ids, [(0, len(turn.token_ids), "assistant_spliced")], source=turn.source_call)
                     tail = self._after_stop if turn.ended_with_stop else self._close_turn
                     add(tail, [(0, len(tail), "template")])
                     continue
                 drift += 1
+            elif message is not None:
+                position += 1
             add(*self._encode_pieces(pieces))
-        add(*self._encode_pieces(self.generation_prompt))
-        return RenderedPrompt(prompt_ids=ids, segments=segments, drift_events=drift, spliced_turns=spliced)
+        add(header, header_runs)
+        return RenderedPrompt(
+            prompt_ids=ids,
+            segments=segments,
+            drift_events=drift,
+            spliced_turns=spliced,
+            rewritten_turns=rewritten,
+            assistant_turns=position,
+        )
 
     def count_tokens(self, conversation: Conversation) -> int:
         return len(self.render(conversation).prompt_ids)
