@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from trainers.advantages import broadcast_advantage, grpo_advantages
-from trainers.grpo import GRPOConfig, grpo_micro_batches
+from trainers.grpo import GRPOConfig, broadcast_advantage, grpo_advantages, grpo_micro_batches
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import forest_from_paths
 

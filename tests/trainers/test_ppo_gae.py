@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainers.advantages import branch_gae, tree_gae
-from trainers.ppo import PPOConfig, ppo_micro_batches
+from trainers.ppo import PPOConfig, branch_gae, ppo_micro_batches, tree_gae
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import forest_from_paths
 from trainers.tree_forward import Critic

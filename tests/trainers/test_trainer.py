@@ -10,13 +10,14 @@ import torch
 
 from clawgym_env.engines.transformers_engine import TransformersEngine
 from clawgym_env.interfaces import SamplingParams
+from clawgym_env.trajectory.packing import tree_logprobs
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
 from trainers.model import LoraSettings, apply_lora, export_weights
 from trainers.ppo import PPO, PPOConfig
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import SyntheticRollouts, forest_from_paths
-from trainers.tree_forward import Critic, tree_logprobs
+from trainers.tree_forward import Critic
 from trainers.tree_batch import build_micro_batches
 
 from .conftest import VOCAB, small_qwen3
@@ -52,7 +53,7 @@ def test_update_trains_and_syncs_a_real_engine() -> None:
     path = [(t, False) for t in [1, 2, 3, 4]] + [(t, True) for t in gen.token_ids]
     f = forest_from_paths([path], rollout_id="x")
     (mb,) = build_micro_batches([f], [0], [f.generated.astype("float32")], 1000)
-    ours = tree_logprobs(model, mb).logprobs[mb.loss_mask]
+    ours = tree_logprobs(model, mb.packed).logprobs[mb.loss_mask]
     assert torch.allclose(ours, torch.tensor(gen.logprobs), atol=1e-4)
     engine.close()
 
