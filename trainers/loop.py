@@ -76,8 +76,15 @@ def seed_everything(seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------- building
-def build_envs(cfg: TrainConfig, runtime: Any, split: str, temperature: float) -> list[Any]:
-    """One env per id, all on one runtime (one proxy, one sandbox backend), sampling at `temperature`."""
+def build_envs(cfg: TrainConfig, runtime: Any, split: str, *, evaluation: bool = False) -> list[Any]:
+    """One env per id, all on one runtime (one proxy, one sandbox backend).
+
+    Training envs sample at algorithm.temperature, the temperature of the trainer's log-probs (one knob:
+    sampling at one temperature and training at another would bias every ratio); evaluation envs at
+    eval.temperature when it is set."""
+    temperature = cfg.algorithm.temperature
+    if evaluation and cfg.eval.temperature is not None:
+        temperature = cfg.eval.temperature
     import clawgym_env
     from clawgym_env.env import ClawGymEnv
 
@@ -295,19 +302,15 @@ def build_models(cfg: TrainConfig) -> tuple[torch.nn.Module, Any, Critic | None,
 
 
 def build_rollout_side(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> dict[str, Any]:
-    """Rank 0: the inference engine, the policy over it, and the training and held-out envs and tasks.
-
-    The training envs sample at algorithm.temperature, the temperature of the trainer's log-probs;
-    evaluation at eval.temperature when set."""
+    """Rank 0: the inference engine, the policy over it, and the training and held-out envs and tasks."""
     from clawgym_env.interfaces import Policy
     from clawgym_env.proxy import ChatMLRenderer
     from clawgym_env.runtime import Runtime
 
     engine = build_engine(cfg, model, tokenizer)
     runtime = Runtime(run_dir / "rollouts")
-    eval_temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.algorithm.temperature
-    envs = build_envs(cfg, runtime, cfg.env.split, cfg.algorithm.temperature)
-    eval_envs = build_envs(cfg, runtime, cfg.env.eval_split, eval_temperature)
+    envs = build_envs(cfg, runtime, cfg.env.split)
+    eval_envs = build_envs(cfg, runtime, cfg.env.eval_split, evaluation=True)
     return {
         "engine": engine,
         "policy": Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name),

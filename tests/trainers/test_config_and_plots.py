@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 import trainers
 from trainers.grpo import GRPOConfig
-from trainers.loop import TaskSampler
+from trainers.loop import TaskSampler, build_envs
 from trainers.main import compose
 from trainers.metrics_log import MetricsLogger
 from trainers.plots import plot_metrics
@@ -92,6 +92,13 @@ def test_the_sampling_temperature_is_one_knob() -> None:
     assert cfg.algorithm.temperature == 0.7
     with pytest.raises(ValidationError, match="algorithm.temperature"):
         compose(["+env.options.temperature=0.7"])
+    # the training envs sample at it; evaluation too unless eval.temperature says otherwise
+    (train_env,) = build_envs(cfg, None, "train")
+    (eval_env,) = build_envs(cfg, None, "test", evaluation=True)
+    assert train_env.options.temperature == 0.7 and eval_env.options.temperature == 0.7
+    cfg = compose(["algorithm=ppo", "algorithm.temperature=0.6", "eval.temperature=0"])
+    assert build_envs(cfg, None, "train")[0].options.temperature == 0.6
+    assert build_envs(cfg, None, "test", evaluation=True)[0].options.temperature == 0.0
 
 
 def test_task_sampler_resumes_its_position() -> None:
