@@ -28,8 +28,8 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from trainers import distributed as D
 from clawgym_env.trajectory.packing import tree_logprobs
+from trainers import distributed as D
 from trainers.losses import LossParts, MetricSums, PolicyLossConfig
 from trainers.model import export_weights
 from trainers.rollouts import RolloutBatch
@@ -203,7 +203,7 @@ class Trainer:
             parts = D.gather_objects((dict(sums.sums), loss_total))
             for s, _ in parts:
                 merged.add(s)
-            sums, loss_total = merged, sum(l for _, l in parts)
+            sums, loss_total = merged, sum(loss for _, loss in parts)
         out = sums.means()
         out["loss"] = loss_total
         return out

@@ -29,7 +29,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     inner = unwrap(model)
-    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else getattr(inner, "model")
+    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else inner.model
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else inner.lm_head
     if decoder is None or head is None:
         raise TypeError(f"{type(inner).__name__} is not a causal LM with a decoder and an output head")

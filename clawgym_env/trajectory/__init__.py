@@ -44,4 +44,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'clawgym_env.trajectory' has no attribute {name!r}")
 
 
-__all__ = ["SOURCE_CODE", "SOURCE_KINDS", "ForestStats", "TrajectoryForest", "build_forest", *_LAZY]
+__all__ = [
+    "SOURCE_CODE",
+    "SOURCE_KINDS",
+    "ForestStats",
+    "PackedBatch",
+    "TrajectoryForest",
+    "build_forest",
+    "inspect_run",
+    "pack_forest",
+    "pack_forests",
+    "recording_stats",
+    "tree_logprobs",
+]

@@ -17,8 +17,8 @@ from trainers.model import LoraSettings, apply_lora, export_weights
 from trainers.ppo import PPO, PPOConfig
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import SyntheticRollouts, forest_from_paths
-from trainers.tree_forward import Critic
 from trainers.tree_batch import build_micro_batches
+from trainers.tree_forward import Critic
 
 from .conftest import VOCAB, small_qwen3
 
@@ -177,3 +177,14 @@ def test_shared_prompts_train_exactly_like_separate_rollouts() -> None:
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * scale)
     # Parameters are not compared: Adam's first step moves each weight by lr * g / (|g| + eps), which turns
     # rounding noise in a near-zero gradient into a visible change (that is what failed on AVX-512/AMX CPUs).
+
+
+def test_reused_batches_record_old_logprobs_at_the_sampling_temperature() -> None:
+    """With epochs > 1 the pre-update log-probs are recorded first; at the loss's temperature, so the first
+    pass sees a ratio of exactly 1 and a tiny learning rate keeps the second pass near 1."""
+    optim = OPTIM.model_copy(update={"lr": 1e-7, "epochs": 2})
+    trainer = Trainer(small_qwen3(0), GRPO(GRPOConfig(temperature=0.5)), optim)
+    metrics = trainer.update(source(2).next_batch())
+    # Adam moves each weight by <= lr = 1e-7, which moves a log-prob of this 2-layer model by far less than 1e-3;
+    # old log-probs at temperature 1 instead of 0.5 put the mean ratio tens of percent away from 1
+    assert abs(metrics["ratio_mean"] - 1.0) < 1e-3, metrics["ratio_mean"]
