@@ -184,7 +184,7 @@ def tree_metrics(forests: list[Any]) -> dict[str, float]:
     return {f"tree/{k}": float(getattr(total, k)) for k in keep}
 
 
-def evaluate(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int) -> dict[str, float]:
+def held_out_reward(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int) -> dict[str, float]:
     """Mean held-out reward per harness (failed rollouts count 0) and overall."""
     async def run_all() -> list[list[Any]]:
         return list(await asyncio.gather(*(env.arollout(policy, t) for env, ts in zip(envs, tasks) for t in ts for _ in range(repeats))))
@@ -246,7 +246,7 @@ class Run:
 
     def evaluate(self, label: str) -> dict[str, float]:
         """Held-out reward per harness (rank 0 runs it, every rank gets it), logged under `label`."""
-        metrics = evaluate(self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats) if self.main_rank else {}
+        metrics = held_out_reward(self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats) if self.main_rank else {}
         metrics = D.broadcast_object(metrics)
         self.logger.log({**metrics, "label": label}, self.trainer.step, kind="eval")
         if self.main_rank:
