@@ -21,7 +21,7 @@ import torch
 
 from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
-from clawgym_env.trajectory.packing import pack_forest, packed_logprobs
+from clawgym_env.trajectory.packing import pack_forest, tree_logprobs
 from clawgym_env.trajectory.reconstruct import build_forest
 from clawgym_env.trajectory.synthetic import realistic_rollout, synthetic_rollout
 from clawgym_env.trajectory.trie import PreparedCall
@@ -103,7 +103,7 @@ def bench_training(prefix: int, branches: int, branch_len: int, repeats: int) ->
 
     def packed_step() -> None:
         model.zero_grad(set_to_none=True)
-        lp = packed_logprobs(model, batch)
+        lp = tree_logprobs(model, batch, batch.parent_index >= 0).logprobs  # every row, like the per-branch layout
         lp[batch.loss_mask].sum().backward()
 
     def per_branch_step() -> None:  # the usual layout: every branch a full sequence, in one batch

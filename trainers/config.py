@@ -7,7 +7,7 @@ rejects unknown keys so that a typo in an override fails loudly instead of being
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -33,6 +33,17 @@ class EnvSettings(Strict):
     max_concurrency: int = Field(default=4, ge=1)
     suite_seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _one_temperature(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "temperature" in value:
+            raise ValueError(
+                "env.options.temperature is not an option of a training run: the sampling temperature is "
+                "algorithm.temperature (the engine samples with it and the trainer's log-probs use it), "
+                "e.g. `algorithm.temperature=0.7`; eval.temperature sets evaluation's"
+            )
+        return value
 
     @field_validator("ids", mode="before")
     @classmethod
@@ -61,7 +72,7 @@ class SandboxSettings(Strict):
 class EvalSettings(Strict):
     every: int = Field(default=5, ge=0, description="0 = only at start and end")
     repeats: int = Field(default=2, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0, description="null = algorithm.temperature")
     at_start: bool = True
 
 
@@ -92,7 +103,7 @@ class TrainConfig(Strict):
     steps: int = Field(default=20, ge=0)
     threads: int | None = Field(default=None, ge=1)
     device: str = "cpu"
-    algorithm: dict[str, Any]
+    algorithm: Annotated[GRPOConfig | PPOConfig, Field(discriminator="name")]
     env: EnvSettings
     model: ModelSettings
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -102,22 +113,3 @@ class TrainConfig(Strict):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
-
-    @field_validator("algorithm")
-    @classmethod
-    def _known_algorithm(cls, value: dict[str, Any]) -> dict[str, Any]:
-        name = value.get("name")
-        if name not in ("grpo", "ppo"):
-            raise ValueError(f"algorithm.name must be 'grpo' or 'ppo', got {name!r}")
-        algorithm_config(value)  # validates the fields now
-        return value
-
-
-def algorithm_config(settings: dict[str, Any]) -> GRPOConfig | PPOConfig:
-    fields = {k: v for k, v in settings.items() if k != "name"}
-    cls = PPOConfig if settings["name"] == "ppo" else GRPOConfig
-    allowed = set(cls.model_fields)
-    unknown = sorted(set(fields) - allowed)
-    if unknown:
-        raise ValueError(f"algorithm {settings['name']} has no option(s) {unknown}; known: {sorted(allowed)}")
-    return cls.model_validate(fields)

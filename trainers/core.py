@@ -28,12 +28,13 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from clawgym_env.trajectory.packing import tree_logprobs
 from trainers import distributed as D
-from trainers.losses import LossParts, MetricSums
+from trainers.losses import LossParts, MetricSums, PolicyLossConfig
 from trainers.model import export_weights
 from trainers.rollouts import RolloutBatch
 from trainers.tree_batch import TreeBatch
-from trainers.tree_forward import Critic, tree_logprobs
+from trainers.tree_forward import Critic
 
 
 class OptimConfig(BaseModel):
@@ -73,6 +74,7 @@ def lr_lambda(config: OptimConfig):
 
 class Algorithm(Protocol):
     name: str
+    config: PolicyLossConfig
 
     def prepare(self, trainer: Trainer, rollouts: RolloutBatch) -> tuple[list[TreeBatch], dict[str, float]]: ...
 
@@ -181,7 +183,8 @@ class Trainer:
         """Log-probs (and values) before any update, when the batch is used for more than one step."""
         with torch.no_grad():
             for mb in micro_batches:
-                mb.old_logprobs = tree_logprobs(self.model, mb, with_entropy=False).logprobs.detach()
+                temperature = self.algorithm.config.temperature  # the loss's log-probs are at this temperature too
+                mb.old_logprobs = tree_logprobs(self.model, mb.packed, temperature=temperature, with_entropy=False).logprobs.detach()
                 if self.critic is not None and mb.old_values is None:
                     mb.old_values = self.critic(mb).detach()
 
@@ -200,7 +203,7 @@ class Trainer:
             parts = D.gather_objects((dict(sums.sums), loss_total))
             for s, _ in parts:
                 merged.add(s)
-            sums, loss_total = merged, sum(l for _, l in parts)
+            sums, loss_total = merged, sum(loss for _, loss in parts)
         out = sums.means()
         out["loss"] = loss_total
         return out

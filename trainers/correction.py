@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CorrectionMode = Literal["none", "truncate", "mask", "sequence_mask"]
 
 
 class CorrectionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     mode: CorrectionMode = "truncate"
     cap: float = Field(default=2.0, gt=0, description="truncate: upper bound on the weight")
     band_low: float = Field(default=0.5, ge=0, description="mask modes: smallest ratio kept")

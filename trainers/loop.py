@@ -20,6 +20,8 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from trainers import distributed as D
-from trainers.config import TrainConfig, algorithm_config
+from trainers.config import TrainConfig
 from trainers.core import Trainer
 from trainers.grpo import GRPO
 from trainers.metrics_log import MetricsLogger, console
@@ -74,17 +76,22 @@ def seed_everything(seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------- building
-def build_envs(cfg: TrainConfig, runtime: Any, split: str, temperature: float | None = None) -> list[Any]:
-    """One env per id, all on one runtime (one proxy, one sandbox backend)."""
+def build_envs(cfg: TrainConfig, runtime: Any, split: str, *, evaluation: bool = False) -> list[Any]:
+    """One env per id, all on one runtime (one proxy, one sandbox backend).
+
+    Training envs sample at algorithm.temperature, the temperature of the trainer's log-probs (one knob:
+    sampling at one temperature and training at another would bias every ratio); evaluation envs at
+    eval.temperature when it is set."""
+    temperature = cfg.algorithm.temperature
+    if evaluation and cfg.eval.temperature is not None:
+        temperature = cfg.eval.temperature
     import clawgym_env
     from clawgym_env.env import ClawGymEnv
 
     envs = []
     for env_id in cfg.env.ids:
         overrides = dict(cfg.env.options)
-        overrides.update(split=split, backend=cfg.sandbox.backend, backend_options=cfg.sandbox.options)
-        if temperature is not None:
-            overrides["temperature"] = temperature
+        overrides.update(split=split, backend=cfg.sandbox.backend, backend_options=cfg.sandbox.options, temperature=temperature)
         template = clawgym_env.make(env_id, **overrides)
         envs.append(ClawGymEnv(template.env_spec, template.suite, template.harness, template.options, runtime=runtime))
     return envs
@@ -177,7 +184,7 @@ def tree_metrics(forests: list[Any]) -> dict[str, float]:
     return {f"tree/{k}": float(getattr(total, k)) for k in keep}
 
 
-def evaluate(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int) -> dict[str, float]:
+def held_out_reward(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int) -> dict[str, float]:
     """Mean held-out reward per harness (failed rollouts count 0) and overall."""
     async def run_all() -> list[list[Any]]:
         return list(await asyncio.gather(*(env.arollout(policy, t) for env, ts in zip(envs, tasks) for t in ts for _ in range(repeats))))
@@ -199,10 +206,60 @@ def evaluate(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int)
 # ------------------------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train from a validated config; returns a summary (also written to run_dir/summary.json)."""
-    from clawgym_env.interfaces import Policy
-    from clawgym_env.proxy import ChatMLRenderer
-    from clawgym_env.runtime import Runtime
+    run = start_run(cfg)
+    resume(run)
+    if cfg.warm_start.enabled and run.trainer.step == 0:
+        warm_start(run)
+    start_eval = None
+    if cfg.eval.at_start and run.trainer.step == 0:
+        warm = run.summary["stages"].get("warm_start")
+        start_eval = warm["after"] if warm else run.evaluate("start")
+    last_eval = training_steps(run) or start_eval
+    final_eval = run.evaluate("end") if cfg.steps > 0 or last_eval is None else last_eval
+    run.summary.update({"steps": run.trainer.step, "eval_start": start_eval, "eval_end": final_eval})
+    return finish(run)
 
+
+@dataclass
+class Run:
+    """What one training run holds. The rollout side (engine, policy, envs, tasks) lives on rank 0 only."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    main_rank: bool
+    trainer: Trainer
+    tokenizer: Any
+    logger: MetricsLogger
+    summary: dict[str, Any]
+    engine: Any = None
+    policy: Any = None
+    runtime: Any = None
+    envs: list[Any] = field(default_factory=list)
+    eval_envs: list[Any] = field(default_factory=list)
+    train_tasks: list[list[Any]] = field(default_factory=list)
+    eval_tasks: list[list[Any]] = field(default_factory=list)
+    samplers: list[TaskSampler] = field(default_factory=list)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def evaluate(self, label: str) -> dict[str, float]:
+        """Held-out reward per harness (rank 0 runs it, every rank gets it), logged under `label`."""
+        metrics = held_out_reward(self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats) if self.main_rank else {}
+        metrics = D.broadcast_object(metrics)
+        self.logger.log({**metrics, "label": label}, self.trainer.step, kind="eval")
+        if self.main_rank:
+            console.print(f"[bold]eval ({label}, step {self.trainer.step})[/bold] " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith("eval_reward")))
+        return metrics
+
+
+ALGORITHMS: dict[str, type[GRPO] | type[PPO]] = {"grpo": GRPO, "ppo": PPO}
+
+
+def start_run(cfg: TrainConfig) -> Run:
+    """Process group, seeds and run directory; the models, the algorithm and its trainer; on rank 0 the
+    engine, the policy, the environments and their tasks."""
     D.init_from_env()
     main_rank = D.rank() == 0
     if cfg.threads:
@@ -212,19 +269,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     if main_rank:
         (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    model, tokenizer, critic, ref_model = build_models(cfg)
+    algorithm = ALGORITHMS[cfg.algorithm.name](cfg.algorithm)  # type: ignore[arg-type]
+    rollout_side = build_rollout_side(cfg, model, tokenizer, run_dir) if main_rank else {}
+    trainer = Trainer(model, algorithm, cfg.optim, engine=rollout_side.get("engine"), critic=critic,
+                      ref_model=ref_model, device=cfg.device)  # fmt: skip
+    samplers = [TaskSampler(len(ts), cfg.seed + i) for i, ts in enumerate(rollout_side.get("train_tasks", []))]
+    logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main_rank)
+    summary = {"run_dir": str(run_dir), "algorithm": algorithm.name, "env_ids": cfg.env.ids, "stages": {}}
+    return Run(cfg, run_dir, main_rank, trainer, tokenizer, logger, summary, samplers=samplers, **rollout_side)
 
-    algo_cfg = algorithm_config(cfg.algorithm)
-    dtype = getattr(torch, cfg.model.dtype)
-    model, tokenizer = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)
+
+def build_models(cfg: TrainConfig) -> tuple[torch.nn.Module, Any, Critic | None, torch.nn.Module | None]:
+    """The policy (with LoRA when asked), its tokenizer, PPO's critic and the KL reference; sharded under torchrun."""
+    model, tokenizer = load_model(cfg.model.name, dtype=getattr(torch, cfg.model.dtype), seed=cfg.model.seed)
     model = apply_lora(model, cfg.model.lora)
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    ref_model = frozen_copy(model) if algo_cfg.kl_coef else None
-    critic = (
-        Critic(copy.deepcopy(unwrap(model) if not cfg.model.lora.enabled else _plain(model)), train_trunk=algo_cfg.train_critic_trunk)
-        if isinstance(algo_cfg, PPOConfig)
-        else None
-    )
+    ref_model = frozen_copy(model) if cfg.algorithm.kl_coef else None
+    critic = None
+    if isinstance(cfg.algorithm, PPOConfig):  # the critic starts from the base model, without the LoRA layers
+        backbone = copy.deepcopy(unwrap(model) if not cfg.model.lora.enabled else _plain(model))
+        critic = Critic(backbone, train_trunk=cfg.algorithm.train_critic_trunk)
     model.to(cfg.device)
     if critic is not None:
         critic.to(cfg.device)
@@ -232,117 +298,131 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         D.shard_model(model)
         if critic is not None:
             D.shard_model(critic)
-    algorithm = PPO(algo_cfg) if isinstance(algo_cfg, PPOConfig) else GRPO(algo_cfg)
+    return model, tokenizer, critic, ref_model
 
-    engine = policy = runtime = None
-    envs: list[Any] = []
-    eval_envs: list[Any] = []
-    train_tasks: list[list[Any]] = []
-    eval_tasks: list[list[Any]] = []
-    if main_rank:
-        engine = build_engine(cfg, model, tokenizer)
-        policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name)
-        runtime = Runtime(run_dir / "rollouts")
-        envs = build_envs(cfg, runtime, cfg.env.split)
-        eval_envs = build_envs(cfg, runtime, cfg.env.eval_split, cfg.eval.temperature)
-        train_tasks = [load_tasks(e, cfg, cfg.env.train_tasks) for e in envs]
-        eval_tasks = [load_tasks(e, cfg, cfg.env.eval_tasks) for e in eval_envs]
-    samplers = [TaskSampler(len(ts), cfg.seed + i) for i, ts in enumerate(train_tasks)]
-    trainer = Trainer(model, algorithm, cfg.optim, engine=engine, critic=critic, ref_model=ref_model, device=cfg.device)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main_rank)
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "algorithm": algorithm.name, "env_ids": cfg.env.ids, "stages": {}}
 
-    # ---- resume
-    ckpt_dir = run_dir / "checkpoints"
-    resume = cfg.checkpoint.resume
-    if resume == "auto":
-        resume = newest_checkpoint(ckpt_dir)
-    if resume:
-        extra = trainer.load_checkpoint(resume)
-        dropped = logger.truncate_after(trainer.step)  # steps past the checkpoint run again
-        if dropped and main_rank:
-            console.print(f"dropped {dropped} metric records past step {trainer.step}: those steps run again")
-        for sampler, state in zip(samplers, extra.get("samplers", [])):
-            sampler.set_state(state)
-        trainer.sync_weights()
-        console.print(f"resumed from {resume} at step {trainer.step}")
+def build_rollout_side(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> dict[str, Any]:
+    """Rank 0: the inference engine, the policy over it, and the training and held-out envs and tasks."""
+    from clawgym_env.interfaces import Policy
+    from clawgym_env.proxy import ChatMLRenderer
+    from clawgym_env.runtime import Runtime
 
-    def eval_now(label: str) -> dict[str, float]:
-        metrics = evaluate(eval_envs, eval_tasks, policy, cfg.eval.repeats) if main_rank else {}
-        metrics = D.broadcast_object(metrics)
-        logger.log({**metrics, "label": label}, trainer.step, kind="eval")
-        if main_rank:
-            console.print(f"[bold]eval ({label}, step {trainer.step})[/bold] " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith("eval_reward")))
-        return metrics
+    engine = build_engine(cfg, model, tokenizer)
+    runtime = Runtime(run_dir / "rollouts")
+    envs = build_envs(cfg, runtime, cfg.env.split)
+    eval_envs = build_envs(cfg, runtime, cfg.env.eval_split, evaluation=True)
+    return {
+        "engine": engine,
+        "policy": Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name),
+        "runtime": runtime,
+        "envs": envs,
+        "eval_envs": eval_envs,
+        "train_tasks": [load_tasks(e, cfg, cfg.env.train_tasks) for e in envs],
+        "eval_tasks": [load_tasks(e, cfg, cfg.env.eval_tasks) for e in eval_envs],
+    }
 
-    # ---- warm start, its own stage with reward before and after
-    if cfg.warm_start.enabled and trainer.step == 0:
-        from trainers.warm_start import collect_demonstrations, sft
 
-        before = eval_now("before_warm_start")
-        demos = None
-        if main_rank:
-            demo_tasks = [ts[: cfg.warm_start.tasks] if cfg.warm_start.tasks else ts for ts in train_tasks]
-            demos = collect_demonstrations(envs, demo_tasks, cfg.warm_start.demos_per_task, tokenizer)
-        demos = D.broadcast_object(demos)
-        report = sft(model, demos, epochs=cfg.warm_start.epochs, lr=cfg.warm_start.lr, token_budget=cfg.warm_start.token_budget)
-        trainer.sync_weights()
-        after = eval_now("after_warm_start")
-        summary["stages"]["warm_start"] = {"report": report.model_dump(), "before": before, "after": after}
-        logger.log({"sft_loss_first": report.loss_per_epoch[0] if report.loss_per_epoch else None,
+def resume(run: Run) -> None:
+    """Restore a checkpoint (checkpoint.resume: a path, or "auto" for the run's newest) and the data position."""
+    path = run.cfg.checkpoint.resume
+    if path == "auto":
+        path = newest_checkpoint(run.ckpt_dir)
+    if not path:
+        return
+    trainer = run.trainer
+    extra = trainer.load_checkpoint(path)
+    dropped = run.logger.truncate_after(trainer.step)  # steps past the checkpoint run again
+    if dropped and run.main_rank:
+        console.print(f"dropped {dropped} metric records past step {trainer.step}: those steps run again")
+    for sampler, state in zip(run.samplers, extra.get("samplers", [])):
+        sampler.set_state(state)
+    trainer.sync_weights()
+    console.print(f"resumed from {path} at step {trainer.step}")
+
+
+def warm_start(run: Run) -> None:
+    """SFT on reference demonstrations, its own stage with held-out reward before and after."""
+    from trainers.warm_start import collect_demonstrations, sft
+
+    cfg = run.cfg.warm_start
+    before = run.evaluate("before_warm_start")
+    demos = None
+    if run.main_rank:
+        demo_tasks = [ts[: cfg.tasks] if cfg.tasks else ts for ts in run.train_tasks]
+        demos = collect_demonstrations(run.envs, demo_tasks, cfg.demos_per_task, run.tokenizer)
+    demos = D.broadcast_object(demos)
+    report = sft(run.trainer.model, demos, epochs=cfg.epochs, lr=cfg.lr, token_budget=cfg.token_budget)
+    run.trainer.sync_weights()
+    after = run.evaluate("after_warm_start")
+    run.summary["stages"]["warm_start"] = {"report": report.model_dump(), "before": before, "after": after}
+    run.logger.log({"sft_loss_first": report.loss_per_epoch[0] if report.loss_per_epoch else None,
                     "sft_loss_last": report.loss_per_epoch[-1] if report.loss_per_epoch else None,
                     "demonstrations": report.demonstrations, "successful": report.successful}, 0, kind="warm_start")  # fmt: skip
 
-    start_eval = None
-    if cfg.eval.at_start and trainer.step == 0:
-        warm = summary["stages"].get("warm_start")
-        start_eval = warm["after"] if warm else eval_now("start")
+
+def training_steps(run: Run) -> dict[str, float] | None:
+    """Steps until cfg.steps, with progress, periodic evaluation, checkpoints and plots; the last periodic eval."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    cfg, trainer = run.cfg, run.trainer
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console,
-                        disable=not (main_rank and cfg.logging.progress))  # fmt: skip
-    last_eval = start_eval
+                        disable=not (run.main_rank and cfg.logging.progress))  # fmt: skip
+    last_eval = None
     with progress:
-        bar = progress.add_task(f"{algorithm.name} training", total=cfg.steps, completed=trainer.step, info="")
+        bar = progress.add_task(f"{trainer.algorithm.name} training", total=cfg.steps, completed=trainer.step, info="")
         while trainer.step < cfg.steps:
-            t0 = time.perf_counter()
             progress.update(bar, info="rollouts ...")
-            batch = collect(envs, samplers, train_tasks, policy, cfg) if main_rank else None
-            batch = D.broadcast_object(batch)
-            rollout_s = time.perf_counter() - t0
-            progress.update(bar, info="update ...")
-            metrics = trainer.update(batch)
-            metrics.update(tree_metrics(batch.forests))
-            metrics["rollout_s"] = rollout_s
-            metrics["policy_version"] = float(trainer.step)
-            logger.log(metrics, trainer.step)
+            metrics = training_step(run, lambda: progress.update(bar, info="update ..."))
             progress.update(bar, completed=trainer.step, info=(
                 f"reward {metrics.get('reward_mean', 0):.3f}  loss {metrics.get('loss', 0):.4f}  "
                 f"degenerate {int(metrics.get('groups_degenerate', 0))}/{int(metrics.get('groups', 0))}  "
                 f"failed {int(metrics.get('rollouts_failed', 0))}"))  # fmt: skip
             if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.steps:
-                last_eval = eval_now("periodic")
+                last_eval = run.evaluate("periodic")
             if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0:
-                extra = {"samplers": [s.state() for s in samplers]}
-                saved = trainer.save_checkpoint(ckpt_dir / f"step_{trainer.step:06d}.pt", extra)
-                if main_rank:
-                    link_latest(saved)
-                    prune_checkpoints(ckpt_dir, cfg.checkpoint.keep)
-            if main_rank and cfg.logging.plot_every and trainer.step % cfg.logging.plot_every == 0:
-                plot_metrics(logger.path, run_dir / "metrics.png")
+                save_checkpoint(run)
+            if run.main_rank and cfg.logging.plot_every and trainer.step % cfg.logging.plot_every == 0:
+                plot_metrics(run.logger.path, run.run_dir / "metrics.png")
+    return last_eval
 
-    final_eval = eval_now("end") if cfg.steps > 0 or last_eval is None else last_eval
-    summary.update({"steps": trainer.step, "eval_start": start_eval, "eval_end": final_eval,
-                    "failures": runtime.failures.as_dict() if runtime is not None else {}})  # fmt: skip
-    if main_rank:
-        if logger.path.is_file():
-            plot_metrics(logger.path, run_dir / "metrics.png")
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        console.print(f"metrics: {logger.path}  plot: {run_dir / 'metrics.png'}  summary: {run_dir / 'summary.json'}")
-    logger.close()
-    if engine is not None and hasattr(engine, "close"):
-        engine.close()
-    if runtime is not None:
-        runtime.close()
-    return summary
+
+def training_step(run: Run, on_update: Callable[[], None] | None = None) -> dict[str, float]:
+    """One step: rank 0 collects the rollouts and broadcasts them, every rank trains on them; logged."""
+    t0 = time.perf_counter()
+    batch = collect(run.envs, run.samplers, run.train_tasks, run.policy, run.cfg) if run.main_rank else None
+    batch = D.broadcast_object(batch)
+    rollout_s = time.perf_counter() - t0
+    if on_update is not None:
+        on_update()
+    metrics = run.trainer.update(batch)
+    metrics.update(tree_metrics(batch.forests))
+    metrics["rollout_s"] = rollout_s
+    metrics["policy_version"] = float(run.trainer.step)
+    run.logger.log(metrics, run.trainer.step)
+    return metrics
+
+
+def save_checkpoint(run: Run) -> None:
+    """step_N.pt with the task samplers' positions; latest.pt linked to it; older ones pruned."""
+    extra = {"samplers": [s.state() for s in run.samplers]}
+    saved = run.trainer.save_checkpoint(run.ckpt_dir / f"step_{run.trainer.step:06d}.pt", extra)
+    if run.main_rank:
+        link_latest(saved)
+        prune_checkpoints(run.ckpt_dir, run.cfg.checkpoint.keep)
+
+
+def finish(run: Run) -> dict[str, Any]:
+    """Failure counts into the summary; final plot and summary.json; close the logger, engine and runtime."""
+    run.summary["failures"] = run.runtime.failures.as_dict() if run.runtime is not None else {}
+    if run.main_rank:
+        if run.logger.path.is_file():
+            plot_metrics(run.logger.path, run.run_dir / "metrics.png")
+        (run.run_dir / "summary.json").write_text(json.dumps(run.summary, indent=2, default=str))
+        console.print(f"metrics: {run.logger.path}  plot: {run.run_dir / 'metrics.png'}  summary: {run.run_dir / 'summary.json'}")
+    run.logger.close()
+    if run.engine is not None and hasattr(run.engine, "close"):
+        run.engine.close()
+    if run.runtime is not None:
+        run.runtime.close()
+    return run.summary

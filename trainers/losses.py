@@ -1,19 +1,11 @@
-"""Token losses on packed trees, aggregated so that each unique tree token counts once.
+"""The policy-loss step GRPO and PPO share, and the bookkeeping of a step's loss and metrics.
 
-Normalisation ("unique-token mean"): a step's loss is
-
-    L = sum over unique trained tokens t of loss_t  /  N
-
-where N is the number of unique trained (generated, usable) tokens in the whole step's batch, over
-all micro-batches and all data-parallel ranks. A token of the shared history before a fork is one
-term, not one per branch through it. Each micro-batch returns its own sum divided by the global N, so
-gradient accumulation over micro-batches (and across ranks) adds up to exactly the gradient of L.
-
-Policy term (GRPO and PPO), with ratio_t = exp(logp_t - logp_old_t), advantage A_t and the rollout
-correction weight w_t (constant, see trainers.correction):
-
-    loss_t = -w_t * min(ratio_t * A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A_t)
-             + kl_coef * k3(ref || policy)_t  -  entropy_coef * H_t
+Normalisation ("unique-token mean"): a step's loss is the sum over its unique trained tokens of each
+token's loss, divided by N, the number of unique trained (generated, usable) tokens in the whole step's
+batch, over all micro-batches and all data-parallel ranks. A token of the shared history before a fork
+is one term, not one per branch through it. Each micro-batch returns its own sum divided by the global
+N, so gradient accumulation over micro-batches (and across ranks) adds up to exactly the gradient of
+the step's loss.
 """
 
 from __future__ import annotations
@@ -22,11 +14,32 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from clawgym_env.trajectory.packing import TokenLogprobs, tree_logprobs
+from trainers.correction import CorrectionConfig, rollout_correction
+from trainers.tree_batch import TreeBatch
+
+
+class PolicyLossConfig(BaseModel):
+    """The options of the clipped-ratio policy loss (both algorithms' configs extend it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eps_low: float = Field(default=0.2, ge=0, description="ratio clipped below at 1 - eps_low")
+    eps_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + eps_high (clip-higher)")
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the reference policy (0 = off)")
+    entropy_coef: float = Field(default=0.0, ge=0, description="entropy bonus (0 = logged only)")
+    temperature: float = Field(
+        default=1.0, gt=0, description="the sampling temperature: the engine samples with it, the trainer divides its logits by it"
+    )
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 
 
 @dataclass
 class LossParts:
-    loss: torch.Tensor  # this micro-batch's contribution to L (already divided by the global N)
+    loss: torch.Tensor  # this micro-batch's contribution to the step's loss (already divided by the global N)
     sums: dict[str, float]  # metric sums over its trained tokens
 
 
@@ -37,77 +50,67 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    is_weights: torch.Tensor,
+    model: nn.Module,
+    mb: TreeBatch,
     normalizer: float,
+    config: PolicyLossConfig,
+    ref_model: nn.Module | None = None,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
+    current: TokenLogprobs | None = None,
 ) -> LossParts:
-    """Clipped-ratio policy loss over the tokens in `mask` (all inputs [T]); see the module docstring."""
+    """The clipped-ratio policy loss of one packed micro-batch, with rollout correction, KL and entropy terms.
+
+    `mb.advantages` holds each token's advantage (the algorithm's job); `normalizer` is N, the step's
+    trained tokens. `current` replaces the model's packed forward (the per-branch baseline passes its own).
+    """
     if normalizer <= 0:
         raise ValueError("policy_loss: normalizer (number of trained tokens in the batch) must be positive")
+    out = current if current is not None else tree_logprobs(model, mb.packed, temperature=config.temperature)
+    logp, entropy = out.logprobs, out.entropy
+    device = logp.device
+    mask = mb.loss_mask.to(device)
     m = mask.float()
-    old = old_logp.detach()
-    log_ratio = torch.where(mask, logp - old, torch.zeros_like(logp))
-    ratio = log_ratio.exp()
-    adv = advantages.to(logp.dtype)
+    adv = mb.advantages.to(device).to(logp.dtype)
+    # one update per batch: the weights have not moved yet, so the pre-update log-probs are these
+    old = (mb.old_logprobs.to(device) if mb.old_logprobs is not None else logp).detach()
+
+    # rollout correction: w = min(exp(old - logp_engine), cap) by default, a constant per token
+    correction = rollout_correction(old, mb.rollout_logprobs, mask, config.correction, mb.rollout_index.to(device))
+    w = correction.weights.detach()
+
+    # the clipped surrogate objective
+    ratio = torch.where(mask, logp - old, torch.zeros_like(logp)).exp()
     surr1 = ratio * adv
-    surr2 = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
-    pg = -torch.minimum(surr1, surr2) * is_weights.detach()
+    surr2 = ratio.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * adv
+    pg = -torch.minimum(surr1, surr2) * w
     per_token = pg
+
+    # KL to the reference policy (k3) and the entropy bonus
     kl = None
-    if ref_logp is not None and kl_coef:
-        kl = k3_kl(logp, ref_logp.detach())
-        per_token = per_token + kl_coef * kl
-    if entropy is not None and entropy_coef:
-        per_token = per_token - entropy_coef * entropy
+    if config.kl_coef and ref_model is not None:
+        with torch.no_grad():
+            ref = tree_logprobs(ref_model, mb.packed, temperature=config.temperature, with_entropy=False).logprobs
+        kl = k3_kl(logp, ref.detach())
+        per_token = per_token + config.kl_coef * kl
+    if config.entropy_coef:
+        per_token = per_token - config.entropy_coef * entropy
+
+    # unique-token mean over the whole step's batch
     loss = (per_token * m).sum() / normalizer
+
     with torch.no_grad():
-        clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+        clipped = ((ratio < 1.0 - config.eps_low) & (adv < 0)) | ((ratio > 1.0 + config.eps_high) & (adv > 0))
         sums = {
             "tokens": float(m.sum()),
             "pg_loss": float((pg * m).sum()),
             "clip_frac": float((clipped.float() * m).sum()),
             "ratio_mean": float((ratio * m).sum()),
             "advantage_mean": float((adv * m).sum()),
+            "entropy": float((entropy.detach() * m).sum()),
+            **correction.sums,
         }
-        if entropy is not None:
-            sums["entropy"] = float((entropy.detach() * m).sum())
         if kl is not None:
             sums["kl_ref"] = float((kl.detach() * m).sum())
-    return LossParts(loss=loss, sums=sums)
-
-
-def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    normalizer: float,
-    *,
-    clip: float | None = 0.2,
-) -> LossParts:
-    """0.5 * (V - R)^2 (PPO's clipped form when `clip`), unique-token mean like the policy loss."""
-    m = mask.float()
-    err = (values - returns) ** 2
-    if clip is not None:
-        clipped_v = old_values.detach() + (values - old_values.detach()).clamp(-clip, clip)
-        err = torch.maximum(err, (clipped_v - returns) ** 2)
-    loss = 0.5 * (err * m).sum() / normalizer
-    with torch.no_grad():
-        sums = {
-            "value_loss": float((0.5 * err * m).sum()),
-            "value_mean": float((values * m).sum()),
-            "return_mean": float((returns * m).sum()),
-        }
     return LossParts(loss=loss, sums=sums)
 
 

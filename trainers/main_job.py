@@ -85,7 +85,7 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
     console = console or Console()
     cfg = compose(main_job_overrides(**kwargs))
     console.print(
-        f"[bold]ClawGym main job[/bold]: {str(cfg.algorithm.get('name', 'grpo')).upper()} on {', '.join(cfg.env.ids)} with "
+        f"[bold]ClawGym main job[/bold]: {cfg.algorithm.name.upper()} on {', '.join(cfg.env.ids)} with "
         f"{cfg.model.name}, {cfg.steps} steps × {cfg.env.tasks_per_step} task(s) × {cfg.env.group_size} rollouts; "
         f"run directory {cfg.run_dir}"
     )

@@ -35,31 +35,23 @@ class RolloutBatch:
         return len(self.forests)
 
     @classmethod
-    def from_forests(cls, forests: Sequence[TrajectoryForest], rewards: Sequence[float] | None = None) -> RolloutBatch:
-        """From forests alone: reward, status, task and harness are read from each forest."""
+    def from_forests(
+        cls,
+        forests: Sequence[TrajectoryForest],
+        rewards: Sequence[float] | np.ndarray | None = None,
+        *,
+        task_ids: Sequence[str] | None = None,
+        harnesses: Sequence[str] | None = None,
+    ) -> RolloutBatch:
+        """From forests: reward, status, task and harness are read from each forest unless given."""
         forests = list(forests)
         r = [f.reward if f.reward is not None else np.nan for f in forests] if rewards is None else list(rewards)
         return cls(
             forests=forests,
             rewards=np.asarray(r, dtype=np.float64),
             statuses=[f.status for f in forests],
-            task_ids=[f.task_id for f in forests],
-            harnesses=[f.harness for f in forests],
-        )
-
-    @classmethod
-    def from_vector_step(
-        cls, forests: Sequence[TrajectoryForest], rewards: np.ndarray, info: dict[str, Any], harness: str | None = None
-    ) -> RolloutBatch:
-        """From `ClawGymVectorEnv.step`'s (forests, rewards, ..., info)."""
-        rollouts = info.get("rollouts") or [{} for _ in forests]
-        return cls(
-            forests=list(forests),
-            rewards=np.asarray(rewards, dtype=np.float64),
-            statuses=[str(s) for s in info.get("status", [f.status for f in forests])],
-            task_ids=[ri.get("task_id") or f.task_id for ri, f in zip(rollouts, forests)],
-            harnesses=[harness or ri.get("harness") or f.harness for ri, f in zip(rollouts, forests)],
-            infos=list(rollouts),
+            task_ids=[f.task_id for f in forests] if task_ids is None else list(task_ids),
+            harnesses=[f.harness for f in forests] if harnesses is None else list(harnesses),
         )
 
     def __add__(self, other: RolloutBatch) -> RolloutBatch:
@@ -78,3 +70,11 @@ class RolloutBatch:
         for r, s, h in zip(self.rewards.tolist(), self.statuses, self.harnesses):
             out.setdefault(h, []).append(r if (s == "ok" and np.isfinite(r)) else 0.0)
         return {h: float(np.mean(v)) for h, v in out.items()}
+
+    def reward_metrics(self) -> dict[str, float]:
+        """Mean reward per harness and overall (failed rollouts and NaN rewards count 0)."""
+        out = {f"reward/{h}": v for h, v in self.reward_by_harness().items()}
+        ok = np.array([s == "ok" for s in self.statuses])
+        finite = np.where(ok & np.isfinite(self.rewards), self.rewards, 0.0)
+        out["reward_mean"] = float(finite.mean()) if len(self) else 0.0
+        return out

@@ -19,9 +19,9 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
+from clawgym_env.trajectory.packing import tree_logprobs
 from trainers.rollouts import RolloutBatch
 from trainers.tree_batch import build_micro_batches
-from trainers.tree_forward import tree_logprobs
 
 
 class SFTReport(BaseModel):
@@ -100,7 +100,7 @@ def sft(
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for mb in micro_batches:
-                out = tree_logprobs(model, mb, with_entropy=False)
+                out = tree_logprobs(model, mb.packed, with_entropy=False)
                 loss = -(out.logprobs * mb.loss_mask.to(out.logprobs.device).float()).sum() / tokens
                 loss.backward()
                 total += float(loss.detach())

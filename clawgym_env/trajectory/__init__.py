@@ -1,9 +1,9 @@
 """Trajectory reconstruction: recorded ModelCalls -> TrajectoryForest, filters, packing, inspection.
 
-    from clawgym_env.trajectory import build_forest, pack_forests, packed_logprobs
+    from clawgym_env.trajectory import build_forest, pack_forests, tree_logprobs
     forest = build_forest(calls, rollout_id=rid, reward=r, options=ForestOptions())
     for batch in pack_forests([forest, ...], token_budget=32_768):
-        logprobs = packed_logprobs(model, batch)           # [T], each unique token once
+        logprobs = tree_logprobs(model, batch).logprobs     # [T], each unique token once
         loss = -(advantage * logprobs)[batch.loss_mask].sum()
 
 Packing needs torch, inspection needs rich; both are imported lazily here so that reconstruction alone
@@ -23,16 +23,14 @@ if TYPE_CHECKING:
         PackedBatch,
         pack_forest,
         pack_forests,
-        packed_logprobs,
-        packed_logprobs_and_entropy,
+        tree_logprobs,
     )
 
 _LAZY = {
     "PackedBatch": "packing",
     "pack_forest": "packing",
     "pack_forests": "packing",
-    "packed_logprobs": "packing",
-    "packed_logprobs_and_entropy": "packing",
+    "tree_logprobs": "packing",
     "inspect_run": "inspect",
     "recording_stats": "inspect",
 }
@@ -46,4 +44,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'clawgym_env.trajectory' has no attribute {name!r}")
 
 
-__all__ = ["SOURCE_CODE", "SOURCE_KINDS", "ForestStats", "TrajectoryForest", "build_forest", *_LAZY]
+__all__ = [
+    "SOURCE_CODE",
+    "SOURCE_KINDS",
+    "ForestStats",
+    "PackedBatch",
+    "TrajectoryForest",
+    "build_forest",
+    "inspect_run",
+    "pack_forest",
+    "pack_forests",
+    "recording_stats",
+    "tree_logprobs",
+]

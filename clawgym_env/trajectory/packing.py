@@ -49,7 +49,6 @@ class PackedBatch:
     token_source: torch.Tensor | None = None  # [T] long: index into the forests' nodes concatenated in order
     rollout_ids: list[str] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)
-    over_budget: bool = False  # a single forest larger than the token budget
 
     @property
     def num_tokens(self) -> int:
@@ -146,7 +145,7 @@ def pack_forests(
     """Bin-pack ok forests into batches of at most `token_budget` unique tokens (first-fit decreasing).
 
     Forests that are not ok are skipped. A forest alone larger than the budget cannot be split (its
-    branches share attention) and gets a batch of its own, flagged `over_budget`. With `share_context`,
+    branches share attention) and gets a batch of its own (a warning is logged). With `share_context`,
     a forest costs only the tokens it does not share with the bin's leading context (see the module doc).
     """
     if token_budget < 1:
@@ -172,7 +171,6 @@ def pack_forests(
     batches = [_pack(group, chains) for group, chains in zip(bins, bin_chains)]
     for batch in batches:
         if batch.num_tokens > token_budget:
-            batch.over_budget = True
             log.warning("rollout %s alone has %d tokens > token_budget %d", batch.rollout_ids[0], batch.num_tokens, token_budget)
     return batches
 
@@ -263,43 +261,52 @@ def _pack(forests: Sequence[TrajectoryForest], chains: Sequence[np.ndarray] | No
     )
 
 
-def _gather_logprobs(logits: torch.Tensor, batch: PackedBatch, with_entropy: bool, chunk: int):
-    """Log-prob (and entropy) of each token from the logits at its parent's position.
+@dataclass
+class TokenLogprobs:
+    """Per-token results of a packed forward, [T]; 0 where a token is not a target (context, roots)."""
 
-    Row statistics (log-sum-exp, entropy) are computed once per position, in chunks of rows; then each
-    token picks one logit and one row statistic by flat index. Indexing whole logit rows by parent
-    instead would make the backward pass scatter-add T x V values, which is slow on CPU.
-    """
-    T, V = logits.shape
-    device = logits.device
-    ids = batch.input_ids[0].to(device)
-    has_parent = batch.parent_index.to(device) >= 0
-    src = batch.parent_index.to(device).clamp(min=0)
-    lse_parts, ent_parts = [], []
-    for start in range(0, T, chunk):
-        rows = logits[start : start + chunk].float()
-        lse = torch.logsumexp(rows, dim=-1)
-        lse_parts.append(lse)
-        if with_entropy:
-            probs = torch.softmax(rows, dim=-1)
-            ent_parts.append(lse - (probs * rows).sum(-1))
-    picked = logits.reshape(-1)[src * V + ids].float()
-    zero = torch.zeros((), device=device)
-    lp = torch.where(has_parent, picked - torch.cat(lse_parts)[src], zero)
-    if not with_entropy:
-        return lp
-    return lp, torch.where(has_parent, torch.cat(ent_parts)[src], zero)
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
 
 
-def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, *, chunk: int = 4096) -> torch.Tensor:
-    """[T] log-prob of each packed token given its ancestors (0 for roots, which nothing predicts)."""
-    logits = model(**batch.model_inputs(model)).logits[0]
-    return _gather_logprobs(logits, batch, False, chunk)
-
-
-def packed_logprobs_and_entropy(
-    model: torch.nn.Module, batch: PackedBatch, *, chunk: int = 4096
+def token_logprobs_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T] log-probs and [T] entropies of the predicting distributions (both 0 for roots)."""
-    logits = model(**batch.model_inputs(model)).logits[0]
-    return _gather_logprobs(logits, batch, True, chunk)
+    """log p(target) and the entropy of each row of logits (float32 for a stable log-softmax)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def tree_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    target_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> TokenLogprobs:
+    """Log-probs (and entropies) of the target tokens of a packed tree, each given its ancestors.
+
+    Targets default to `loss_mask` (the generated tokens); roots are never targets (nothing predicts
+    them). The decoder runs once over all unique tokens; the output head runs only on the rows that
+    predict a target (the parent of each, passed as transformers' `logits_to_keep`), which keeps the
+    [targets x vocabulary] logits small: with a 151k vocabulary the full logits of a 4k-token tree
+    would be 2.4 GB in float32. The model's own forward is called, so PEFT and FSDP wrappers see it.
+    """
+    target_mask = batch.loss_mask if target_mask is None else target_mask
+    target_mask = target_mask & (batch.parent_index >= 0)
+    inputs = batch.model_inputs(model)
+    device = inputs["input_ids"].device  # type: ignore[union-attr]
+    idx = target_mask.to(device).nonzero().squeeze(-1)
+    out = model(**inputs, logits_to_keep=batch.parent_index.to(device)[idx], use_cache=False)
+    logp_t, ent_t = token_logprobs_from_logits(out.logits[0], batch.input_ids[0].to(device)[idx], temperature)
+    logprobs = torch.zeros(batch.num_tokens, dtype=torch.float32, device=logp_t.device).index_put((idx,), logp_t)
+    entropy = torch.zeros_like(logprobs)
+    if with_entropy:
+        entropy = entropy.index_put((idx,), ent_t)
+    return TokenLogprobs(logprobs=logprobs, entropy=entropy)

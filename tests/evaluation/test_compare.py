@@ -70,7 +70,7 @@ def test_train_config_carries_every_knob(tmp_path: Path) -> None:
     cfg = train_config(config, "OfficeQA-Codex", tmp_path)
     assert cfg.env.ids == ["OfficeQA-Codex"] and cfg.env.group_size == 5 and cfg.env.tasks_per_step == 2
     assert cfg.env.train_tasks == 7 and cfg.env.level == 1 and cfg.steps == 3 and cfg.checkpoint.every == 3
-    assert cfg.algorithm["name"] == "ppo" and cfg.model.name == "smollm2-135m"
+    assert cfg.algorithm.name == "ppo" and cfg.model.name == "smollm2-135m"
     assert cfg.optim.lr == 3e-4 and cfg.optim.weight_decay == 0.1
     assert cfg.env.options["max_new_tokens"] == 99 and cfg.env.options["max_calls"] == 3
     assert cfg.run_dir == tmp_path

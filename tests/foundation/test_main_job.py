@@ -15,7 +15,7 @@ from trainers.main import compose
 def test_presets_compose_to_valid_configs(tmp_path):
     default = compose(main_job_overrides(run_dir=tmp_path))
     assert default.model.name == "qwen2.5-coder-0.5b" and default.env.ids == ["ClawGymBench-Pi"]
-    assert default.algorithm["name"] == "grpo"
+    assert default.algorithm.name == "grpo"
     mixed = compose(main_job_overrides(mix=True, run_dir=tmp_path))
     assert mixed.env.ids == ["ClawGymBench-Pi", "ClawGymBench-ClaudeCode"]
     assert compose(main_job_overrides(whitebox=True, run_dir=tmp_path)).env.ids == ["ClawGymBench-WhiteBox"]

@@ -24,6 +24,7 @@ TINY = [
     "threads=1", "env.group_size=2", "env.tasks_per_step=2", "env.eval_tasks=1", "env.max_concurrency=4",
     "eval.at_start=false", "eval.every=0", "eval.repeats=1", "logging.tensorboard=false", "logging.progress=false",
     "logging.plot_every=0", "env.options.max_new_tokens=8", "env.options.max_calls=2",
+    "checkpoint.keep=10",  # every step's checkpoint is compared below: none pruned
 ]  # fmt: skip
 
 

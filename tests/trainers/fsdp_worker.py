@@ -18,6 +18,7 @@ from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO
 from trainers.model import export_weights
 from trainers.synthetic import SyntheticRollouts
+from trainers.tree_forward import decoder_and_head, unwrap
 
 
 def main(out: str) -> None:
@@ -33,16 +34,36 @@ def main(out: str) -> None:
         D.shard_model(model)
     small = dict(turns=2, gen_tokens=(4, 8), tool_tokens=(3, 8), system_tokens=10)
     batch = SyntheticRollouts(vocab=512, group_size=3, tasks_per_step=1, harnesses=("A", "B"), seed=5, **small).next_batch()
-    trainer = Trainer(model, GRPO(), OptimConfig(lr=1e-2, token_budget=120))
+    from torch.distributed.fsdp import FSDPModule
+
+    # FSDP2 shards in place: nothing to unwrap, the decoder and head are found on the sharded model itself
+    decoder, head = decoder_and_head(model)
+    unwrap_ok = unwrap(model) is model and decoder is model.model and head is model.lm_head
+    # Adam's eps at 1e-3: its first step moves a weight by lr * g / (|g| + eps), which with the default 1e-8
+    # turns rounding noise in a near-zero gradient entry into a full +-lr step; with 1e-3 the step is
+    # Lipschitz in g (|d step| <= lr / eps * |d g| = 10 |d g|), so rounding stays rounding
+    trainer = Trainer(model, GRPO(), OptimConfig(lr=1e-2, eps=1e-3, token_budget=120))
     metrics = trainer.update(batch)
     weights = export_weights(model)
+    # the step's (clipped) gradient, still on the parameters after the optimizer step; gathered under FSDP
+    g = torch.Generator().manual_seed(0)
+    grad_dot = grad_scale = 0.0
+    for p in model.parameters():
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        v = torch.randn(grad.shape, generator=g, dtype=torch.float64)
+        grad_dot += float((grad.double() * v).sum())
+        grad_scale += float((grad.double().abs() * v.abs()).sum())
     if D.rank() == 0:
         result = {
             "world": D.world_size(),
+            "sharded": isinstance(model, FSDPModule),
+            "unwrap_ok": unwrap_ok,
             "loss": metrics["loss"],
             "tokens": metrics["tokens"],
             "micro_batches": metrics["micro_batches"],
             "grad_norm": metrics["grad_norm"],
+            "grad_dot": grad_dot,
+            "grad_scale": grad_scale,
             "weights": {k: float(v.double().sum()) for k, v in weights.items()},
         }
         with open(out, "w") as f:

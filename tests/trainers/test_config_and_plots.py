@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 import trainers
-from trainers.config import algorithm_config
 from trainers.grpo import GRPOConfig
-from trainers.loop import TaskSampler
+from trainers.loop import TaskSampler, build_envs
 from trainers.main import compose
 from trainers.metrics_log import MetricsLogger
 from trainers.plots import plot_metrics
@@ -28,28 +29,76 @@ def options(group: str) -> list[str]:
 @pytest.mark.parametrize(("algorithm", "env"), list(itertools.product(options("algorithm"), options("env"))))
 def test_every_algorithm_env_pair_composes(algorithm: str, env: str) -> None:
     cfg = compose([f"algorithm={algorithm}", f"env={env}", "steps=3"])
-    algo = algorithm_config(cfg.algorithm)
-    assert isinstance(algo, PPOConfig if algorithm == "ppo" else GRPOConfig)
+    assert type(cfg.algorithm) is (PPOConfig if algorithm == "ppo" else GRPOConfig)
+    assert cfg.algorithm.name == algorithm
     assert cfg.optim.total_steps == 3 and cfg.env.ids
+
+
+def test_ppo_has_no_grpo_only_options() -> None:
+    assert not {"normalize_std", "drop_degenerate"} & set(PPOConfig.model_fields)
+    with pytest.raises(ValidationError, match="normalize_std"):
+        compose(["algorithm=ppo", "+algorithm.normalize_std=false"])
 
 
 @pytest.mark.parametrize("group", ["model", "engine", "sandbox"])
 def test_every_group_option_composes(group: str) -> None:
+    selects = {"model": ("name", lambda c: c.model.name), "engine": ("kind", lambda c: c.engine.kind),
+               "sandbox": ("backend", lambda c: c.sandbox.backend)}  # fmt: skip
+    key, chosen = selects[group]
     for option in options(group):
-        compose([f"{group}={option}"])
+        cfg = compose([f"{group}={option}"])
+        expected = yaml.safe_load((CONF / group / f"{option}.yaml").read_text())
+        assert chosen(cfg) == expected[key], (group, option)  # the option file, not the default, was composed
+        section = getattr(cfg, group).model_dump(mode="json")
+        for field, value in expected.items():
+            if field != "options":  # options are passed on as given; the typed fields must round-trip
+                assert section[field] == value or isinstance(value, dict), (group, option, field)
 
 
 def test_bad_overrides_are_refused_with_the_option_named() -> None:
-    with pytest.raises(ValidationError, match="no option"):
+    with pytest.raises(ValidationError, match="eps_lo"):
         compose(["+algorithm.eps_lo=0.1"])
+    with pytest.raises(ValidationError, match="band"):
+        compose(["+algorithm.correction.bands=0.1"])
+    with pytest.raises(ValidationError, match="union_tag_invalid|does not match any of the expected tags"):
+        compose(["algorithm.name=reinforce"])
     with pytest.raises(ValidationError, match="env"):
         compose(["env.group_size=0"])
 
 
+def uncommented_options(text: str) -> list[str]:
+    """Lines that set a value (`key: value`, not a section header `key:` or a defaults entry) without a `#` comment."""
+    out = []
+    for line in text.splitlines():
+        code = line.split("#", 1)[0]
+        match = re.match(r"^\s*[\w.-]+:\s*(\S.*)$", code)
+        if match and "#" not in line:
+            out.append(line.strip())
+    return out
+
+
 def test_every_yaml_option_is_commented() -> None:
-    for path in CONF.rglob("*.yaml"):
+    assert uncommented_options("a: 1  # one\nb:\n  c: 2\n  d: 3  # three\n") == ["c: 2"]  # the check itself works
+    paths = sorted(CONF.rglob("*.yaml"))
+    assert len(paths) >= 10
+    for path in paths:
         text = path.read_text()
         assert text.lstrip().startswith("#"), f"{path} has no header comment"
+        assert not uncommented_options(text), f"{path}: options without a comment: {uncommented_options(text)}"
+
+
+def test_the_sampling_temperature_is_one_knob() -> None:
+    cfg = compose(["algorithm.temperature=0.7"])
+    assert cfg.algorithm.temperature == 0.7
+    with pytest.raises(ValidationError, match="algorithm.temperature"):
+        compose(["+env.options.temperature=0.7"])
+    # the training envs sample at it; evaluation too unless eval.temperature says otherwise
+    (train_env,) = build_envs(cfg, None, "train")
+    (eval_env,) = build_envs(cfg, None, "test", evaluation=True)
+    assert train_env.options.temperature == 0.7 and eval_env.options.temperature == 0.7
+    cfg = compose(["algorithm=ppo", "algorithm.temperature=0.6", "eval.temperature=0"])
+    assert build_envs(cfg, None, "train")[0].options.temperature == 0.6
+    assert build_envs(cfg, None, "test", evaluation=True)[0].options.temperature == 0.0
 
 
 def test_task_sampler_resumes_its_position() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainers.advantages import branch_gae, tree_gae
-from trainers.ppo import PPOConfig, ppo_micro_batches
+from trainers.ppo import PPOConfig, branch_gae, ppo_micro_batches, tree_gae
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import forest_from_paths
 from trainers.tree_forward import Critic
@@ -45,7 +44,7 @@ def test_branch_gae_matches_hand_computation() -> None:
     for t in range(3, -1, -1):
         running = delta[t] + 0.9 * 0.5 * running
         expected[t] = running
-    assert np.allclose(adv, expected) and np.allclose(ret, expected + v)
+    assert np.allclose(adv, expected) and np.allclose(ret, expected + v)  # float64, 4 steps: ~1e-16, default rtol 1e-5
 
 
 def test_no_sibling_leakage_and_shared_tokens_are_the_branch_mean() -> None:
@@ -62,7 +61,8 @@ def test_no_sibling_leakage_and_shared_tokens_are_the_branch_mean() -> None:
     shared = np.intersect1d(a_nodes, b_nodes)
     own_a = np.setdiff1d(a_nodes, shared)
     own_b = np.setdiff1d(b_nodes, shared)
-    # exclusive tokens: exactly their own branch's GAE
+    # exclusive tokens: exactly their own branch's GAE (float64 sums of a few terms, then float32 storage: ~1e-7
+    # relative, inside allclose's default rtol 1e-5 / atol 1e-8 for these O(1) values)
     assert np.allclose(adv[own_a], a_only[np.isin(a_nodes, own_a)])
     assert np.allclose(adv[own_b], b_only[np.isin(b_nodes, own_b)])
     # shared tokens: the mean over the two branches, counted on 2 branches
@@ -87,11 +87,12 @@ def test_ppo_micro_batches_on_a_real_critic() -> None:
     (mb,) = mbs
     values = mb.old_values.numpy()
     adv, _, _ = tree_gae(values, mb.loss_mask.numpy(), mb.branches(), [1.0, 1.0, 0.0], gamma=1.0, lam=0.95)
-    assert np.allclose(mb.advantages.numpy(), adv, atol=1e-6)
+    assert np.allclose(mb.advantages.numpy(), adv, atol=1e-6)  # the same float64 GAE, both stored as float32: equal
     # each branch's last action: A = R - V
     for nodes, reward in zip(mb.branches(), [1.0, 1.0, 0.0]):
         last = nodes[mb.loss_mask.numpy()[nodes]][-1]
         if (sum(last in b for b in mb.branches())) == 1:
+            # R - V in float64 vs the float32-stored advantage: |V| < 1, so ~6e-8 apart
             assert np.isclose(mb.advantages[last].item(), reward - values[last], atol=1e-6)
 
 
@@ -103,6 +104,7 @@ def test_uniform_reward_batch_moves_only_the_critic() -> None:
     assert torch.all(mb.advantages == 0)
     trained = mb.loss_mask
     (raw,), _ = ppo_micro_batches(batch, critic, PPOConfig(skip_uniform_batches=False, normalize_advantages=False), 1000)
+    # the same computation twice (the skip only zeroes advantages afterwards): equal returns
     assert torch.allclose(mb.returns, raw.returns) and torch.any(raw.advantages[trained] != 0)  # the critic still learns
     # the same batch without the skip: whitened critic errors, unit scale
     (mb2,), metrics2 = ppo_micro_batches(batch, critic, PPOConfig(skip_uniform_batches=False), token_budget=1000)
@@ -121,4 +123,5 @@ def test_default_lambda_gives_every_action_reward_minus_value() -> None:
     values, mask = mb.old_values.numpy(), mb.loss_mask.numpy()
     for nodes, reward in zip(mb.branches(), [1.0, 1.0, 0.0]):
         own = [n for n in nodes[mask[nodes]] if sum(n in b for b in mb.branches()) == 1]
+        # with lam = gamma = 1 the deltas telescope to R - V; a float64 sum of <= 20 O(1) deltas then float32: ~1e-7
         assert own and np.allclose(mb.advantages.numpy()[own], reward - values[own], atol=1e-6)

@@ -10,14 +10,15 @@ import torch
 
 from clawgym_env.engines.transformers_engine import TransformersEngine
 from clawgym_env.interfaces import SamplingParams
+from clawgym_env.trajectory.packing import tree_logprobs
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
 from trainers.model import LoraSettings, apply_lora, export_weights
 from trainers.ppo import PPO, PPOConfig
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import SyntheticRollouts, forest_from_paths
-from trainers.tree_forward import Critic, tree_logprobs
 from trainers.tree_batch import build_micro_batches
+from trainers.tree_forward import Critic
 
 from .conftest import VOCAB, small_qwen3
 
@@ -44,7 +45,7 @@ def test_update_trains_and_syncs_a_real_engine() -> None:
     assert metrics["unique_tokens"] < metrics["branch_tokens"]
     assert {"reward/A", "reward/B", "loss", "clip_frac", "is_kl_k3", "entropy", "grad_norm"} <= set(metrics)
     assert any(not torch.equal(a, b) for a, b in zip(before, params(model)))
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters():  # a copy of the weights: exact
         assert torch.equal(dict(engine.model.named_parameters())[name], p.detach())
 
     # the engine's rollout log-probs now match the trainer's recomputation (float32, same weights)
@@ -52,7 +53,10 @@ def test_update_trains_and_syncs_a_real_engine() -> None:
     path = [(t, False) for t in [1, 2, 3, 4]] + [(t, True) for t in gen.token_ids]
     f = forest_from_paths([path], rollout_id="x")
     (mb,) = build_micro_batches([f], [0], [f.generated.astype("float32")], 1000)
-    ours = tree_logprobs(model, mb).logprobs[mb.loss_mask]
+    ours = tree_logprobs(model, mb.packed).logprobs[mb.loss_mask]
+    # the engine decodes step by step with a KV cache, the trainer runs the whole sequence at once: the same
+    # float32 arithmetic in another order. A log-softmax over 512 logits (|logit| < ~10) rounds by about
+    # sqrt(512) * 2**-24 * 10 ~ 1e-5; 1e-4 leaves 10x, and a wrong position or token moves a log-prob by ~1
     assert torch.allclose(ours, torch.tensor(gen.logprobs), atol=1e-4)
     engine.close()
 
@@ -63,7 +67,7 @@ def test_degenerate_step_is_skipped_not_crashed() -> None:
     before = params(trainer.model)
     m = trainer.update(RolloutBatch.from_forests(f))
     assert m["update_skipped"] == 1.0 and m["groups_degenerate"] == 1 and trainer.step == 1
-    assert all(torch.equal(a, b) for a, b in zip(before, params(trainer.model)))
+    assert all(torch.equal(a, b) for a, b in zip(before, params(trainer.model)))  # no step taken: untouched, exact
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
@@ -90,6 +94,8 @@ def test_resume_from_checkpoint_reproduces_the_next_step(tmp_path, algo: str) ->
     data2.set_state(extra["data"])
     assert resumed.step == 1
     metrics = resumed.update(data2.next_batch())
+    # exact: the resumed trainer runs the same operations on the same shapes in the same process as the first
+    # one did (CPU kernels are deterministic for a given shape and thread count), from the same restored state
     assert metrics["loss"] == expected_metrics["loss"]
     assert metrics["lr"] == expected_metrics["lr"]
     for a, b in zip(expected, params(resumed.model)):
@@ -135,7 +141,7 @@ def test_lora_trains_adapters_only_and_exports_merged_weights() -> None:
     merged = copy.deepcopy(model).merge_and_unload()
     plain = dict(merged.named_parameters())
     assert set(exported) == set(plain)
-    for k, v in exported.items():
+    for k, v in exported.items():  # W + scale * B @ A two ways (ours, peft's merge): a few ulps of |W| < 1, < 1e-6
         assert torch.allclose(v, plain[k], atol=1e-6)
     changed = [k for k in exported if not torch.equal(exported[k], base_before[k])]
     assert changed and all(any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in changed)
@@ -171,3 +177,14 @@ def test_shared_prompts_train_exactly_like_separate_rollouts() -> None:
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * scale)
     # Parameters are not compared: Adam's first step moves each weight by lr * g / (|g| + eps), which turns
     # rounding noise in a near-zero gradient into a visible change (that is what failed on AVX-512/AMX CPUs).
+
+
+def test_reused_batches_record_old_logprobs_at_the_sampling_temperature() -> None:
+    """With epochs > 1 the pre-update log-probs are recorded first; at the loss's temperature, so the first
+    pass sees a ratio of exactly 1 and a tiny learning rate keeps the second pass near 1."""
+    optim = OPTIM.model_copy(update={"lr": 1e-7, "epochs": 2})
+    trainer = Trainer(small_qwen3(0), GRPO(GRPOConfig(temperature=0.5)), optim)
+    metrics = trainer.update(source(2).next_batch())
+    # Adam moves each weight by <= lr = 1e-7, which moves a log-prob of this 2-layer model by far less than 1e-3;
+    # old log-probs at temperature 1 instead of 0.5 put the mean ratio tens of percent away from 1
+    assert abs(metrics["ratio_mean"] - 1.0) < 1e-3, metrics["ratio_mean"]

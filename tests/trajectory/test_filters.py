@@ -42,6 +42,7 @@ def test_spliced_generation_stays_generated_with_its_original_logprob() -> None:
     assert forest.branch_tokens() == [prompt2 + [70, 2]]
     gen = np.flatnonzero(forest.generated)
     assert forest.tokens[gen].tolist() == [50, 51, 2, 70, 2]
+    # the recorded float log-probs stored as float32: within half an ulp (3e-8 relative) of the float64 literals
     np.testing.assert_allclose(forest.logprobs[gen], [-0.1, -0.11, -0.12, -0.2, -0.21], rtol=1e-6)
     assert forest.call_index[gen].tolist() == [0, 0, 0, 1, 1]
     assert forest.source[21] == SOURCE_CODE["tool"] and forest.source[0] == SOURCE_CODE["system"]
