@@ -2,18 +2,23 @@
 
 Two views of a call are kept apart: `request` is the harness view (the raw JSON it sent); the token
 fields are the training view (exact ids the engine saw and generated, with the engine's logprobs).
+
+The log is append-only, so what is learnt about a call after its record was written (whether the client
+took the reply whole) is appended as a small receipt line, `{"receipt": {...}}`, that `read_calls` folds
+back into the call.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from clawgym_env.specs import ApiStyle
 
@@ -61,6 +66,10 @@ class ModelCall(BaseModel):
     timings: CallTimings = Field(default_factory=CallTimings)
     error: str | None = None
     streamed: bool = False
+    # None: not known (an older log, a call still being answered). False: the client never took the reply
+    # whole (it hung up, or the proxy died first); such a sample was not seen by the harness.
+    delivered: bool | None = None
+    control_token_texts: int = 0  # control tokens written as text in user/tool/system text (kept as text)
 
     @model_validator(mode="after")
     def _aligned(self) -> ModelCall:
@@ -80,12 +89,24 @@ class ModelCall(BaseModel):
         return [s for s in self.segments if s.kind == "assistant_spliced"]
 
 
+class DeliveryReceipt(BaseModel):
+    """Appended after a call's record once the proxy knows whether its reply reached the client whole."""
+
+    rollout_id: str
+    call_index: int
+    delivered: bool
+
+
+RECEIPT_PREFIX = b'{"receipt":'
+
+
 class CallLog:
-    """Append-only JSONL of ModelCalls, one line per completed call, flushed as each call completes.
+    """Append-only JSONL of ModelCalls, one line per call, written whole as each call completes.
 
     A killed process loses no completed call (the line is in the OS before the response is sent);
-    `fsync=True` also survives a machine crash at a per-call cost. Readers may load it while it grows:
-    a torn last line (the writer died mid-write) is skipped and counted.
+    `fsync=True` also survives a machine crash at a per-call cost. A process killed mid-write leaves a torn
+    last line: opening the log cuts it off (`repaired_bytes` says how much), so the next record starts on
+    a line of its own. Readers may load the log while it grows (`read_calls` skips and counts torn lines).
     """
 
     def __init__(self, path: Path, fsync: bool = False) -> None:
@@ -93,10 +114,36 @@ class CallLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open for the run
+        self._fh = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - kept open for the run (read: tail repair)
+        self.repaired_bytes = self._repair_torn_tail()
+
+    def _repair_torn_tail(self) -> int:
+        """Truncate the log to its last complete line; return how many bytes were cut."""
+        fd = self._fh.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0  # a pipe or device: nothing to repair
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return 0
+        end, step = size, 1 << 16
+        while end > 0:
+            start = max(0, end - step)
+            newline = os.pread(fd, end - start, start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        os.ftruncate(fd, end)
+        return size - end
 
     def append(self, call: ModelCall) -> None:
-        line = orjson.dumps(call.model_dump(mode="json")) + b"\n"
+        """Write one record; serialization errors raise before anything is written."""
+        self._write(orjson.dumps(call.model_dump(mode="json")) + b"\n")
+
+    def append_receipt(self, receipt: DeliveryReceipt) -> None:
+        self._write(RECEIPT_PREFIX + orjson.dumps(receipt.model_dump()) + b"}\n")
+
+    def _write(self, line: bytes) -> None:
         with self._lock:
             self._fh.write(line)
             if self.fsync:
@@ -114,12 +161,59 @@ class CallLog:
         self.close()
 
 
-def read_calls(path: Path, rollout_id: str | None = None) -> Iterator[ModelCall]:
-    """Yield the calls of a log (optionally of one rollout), skipping a torn final line."""
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                break  # a writer died mid-line; everything before it is complete
-            data = orjson.loads(raw)
-            if rollout_id is None or data.get("rollout_id") == rollout_id:
-                yield ModelCall.model_validate(data)
+class read_calls(Iterator[ModelCall]):  # noqa: N801 - read like a function: `for call in read_calls(path)`
+    """The calls of a log (optionally of one rollout), with their delivery receipts folded in.
+
+    A line that does not parse (torn by a writer that died mid-line, anywhere in the file) is skipped and
+    counted in `torn_lines` once the iteration is done; a final line without a newline is torn too.
+    """
+
+    def __init__(self, path: Path, rollout_id: str | None = None) -> None:
+        self.path = Path(path)
+        self.rollout_id = rollout_id
+        self.torn_lines = 0
+        self._calls = self._read()
+
+    def __iter__(self) -> read_calls:
+        return self
+
+    def __next__(self) -> ModelCall:
+        return next(self._calls)
+
+    def _receipts(self) -> dict[tuple[str, int], bool]:
+        receipts: dict[tuple[str, int], bool] = {}
+        with open(self.path, "rb") as fh:
+            for raw in fh:
+                if raw.startswith(RECEIPT_PREFIX) and raw.endswith(b"\n"):
+                    try:
+                        receipt = orjson.loads(raw)["receipt"]
+                        receipts[(receipt["rollout_id"], receipt["call_index"])] = bool(receipt["delivered"])
+                    except (orjson.JSONDecodeError, KeyError, TypeError):
+                        pass  # counted as torn in the main pass
+        return receipts
+
+    def _read(self) -> Iterator[ModelCall]:
+        receipts = self._receipts()
+        with open(self.path, "rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    self.torn_lines += 1  # a writer died mid-line (or is writing it now)
+                    break
+                if raw.startswith(RECEIPT_PREFIX) or not raw.strip():
+                    continue
+                try:
+                    data = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    self.torn_lines += 1
+                    continue
+                if not isinstance(data, dict) or (self.rollout_id is not None and data.get("rollout_id") != self.rollout_id):
+                    continue
+                try:
+                    call = ModelCall.model_validate(data)
+                except ValidationError:
+                    self.torn_lines += 1
+                    continue
+                delivered = receipts.get((call.rollout_id, call.call_index))
+                if delivered is not None:
+                    call.delivered = delivered
+                yield call

@@ -28,6 +28,7 @@ class RolloutStats(BaseModel):
     new_tokens: int = 0  # prompt tokens beyond the previous call's full ids + generated tokens (the token cap)
     drift_events: int = 0  # echoed assistant turns that matched no recorded generation
     spliced_turns: int = 0
+    control_token_texts: int = 0  # control tokens written as text in user/tool/system text (kept as text)
     closed: bool = False
 
     def count_error(self, kind: str) -> None:

@@ -34,6 +34,7 @@ class RenderedPrompt:
     segments: list[PromptSegment]
     drift_events: int = 0  # assistant turns that matched no recorded generation (re-tokenized)
     spliced_turns: int = 0
+    control_token_texts: int = 0  # control tokens written as text in message content (encoded as plain text)
 
 
 @dataclass(slots=True)
