@@ -343,7 +343,7 @@ class ServingProxy:
             log_.append(call)
         state.calls.append(call)
 
-    def _receipt(self, state: RolloutState, call: ModelCall, delivered: bool) -> None:
+    def _receipt(self, call: ModelCall, delivered: bool) -> None:
         call.delivered = delivered
         if self._log is None:
             return  # the proxy stopped; the record keeps delivered=False
@@ -613,7 +613,7 @@ class ServingProxy:
         state.memory.remember(call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id)
         connection = request.scope.get("extensions", {}).get(SCOPE_KEY)
         if connection is not None:
-            connection.when_delivered(lambda delivered: self._receipt(state, call, delivered))
+            connection.when_delivered(lambda delivered: self._receipt(call, delivered))  # holds the call, not the rollout
         return response
 
     async def _count_tokens(self, request: Request, rollout_id: str) -> Response:
