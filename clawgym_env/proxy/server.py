@@ -279,7 +279,7 @@ class ServingProxy:
 
     def table_sizes(self) -> dict[str, int]:
         """How many entries the proxy's per-rollout tables hold now (for leak checks and monitoring)."""
-        return {"open": len(self._rollouts), "closed_stats": len(self._closed), "in_flight": len(self._in_flight)}
+        return {"open": len(self._rollouts), "closed_stats": len(self._closed)}
 
     def limits(self, rollout_id: str) -> RolloutLimits:
         """The limits an open rollout runs under (in-process loops enforce them themselves)."""
