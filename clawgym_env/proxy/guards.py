@@ -155,6 +155,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline_kind = ""
         self._delivery: list[Callable[[bool], None]] = []
         self._delivery_timer: Any = None
+        self._delivery_give_up_at = 0.0
         self._peer = peer_key(transport.get_extra_info("socket"))
         if self._peer is not None:
             count = self.guard.per_peer.get(self._peer, 0)
@@ -201,6 +202,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._delivery and self._delivery_timer is not None:
+            self._delivery_timer.cancel()  # the client speaks again: look at the last reply now
+            self._check_delivery(self._delivery_give_up_at)
         if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
             self._arm("header", self.guard.guards.header_timeout_s)  # a kept-alive connection starts its next request
         super().data_received(data)
@@ -228,7 +232,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm()  # a reply sent before the body was read (413) ends the request
         super().on_response_complete()
         if self._delivery:
-            self._check_delivery(self.loop.time() + self.guard.guards.delivery_timeout_s)
+            self._delivery_give_up_at = self.loop.time() + self.guard.guards.delivery_timeout_s
+            self._check_delivery(self._delivery_give_up_at)
 
     def _left_whole(self) -> bool:
         """Every byte of the reply left this process, and the peer took it (or we close after it anyway)."""
