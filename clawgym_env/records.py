@@ -114,7 +114,7 @@ class CallLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._fh = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - kept open for the run (read: tail repair)
+        self._fh = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - kept open for the run (read too: tail repair)
         self.repaired_bytes = self._repair_torn_tail()
 
     def _repair_torn_tail(self) -> int:
@@ -161,7 +161,7 @@ class CallLog:
         self.close()
 
 
-class read_calls(Iterator[ModelCall]):  # noqa: N801 - read like a function: `for call in read_calls(path)`
+class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for call in read_calls(path)`
     """The calls of a log (optionally of one rollout), with their delivery receipts folded in.
 
     A line that does not parse (torn by a writer that died mid-line, anywhere in the file) is skipped and

@@ -44,7 +44,7 @@ from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
 from clawgym_env.proxy.errors import ProxyError, error_body
 from clawgym_env.proxy.guards import SCOPE_KEY, GuardState, GuardStats, ProxyGuards, json_depth, protocol_for, raise_open_file_limit
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
-from clawgym_env.records import CallLog, CallTimings, DeliveryReceipt, ModelCall
+from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
 from clawgym_env.specs import ApiStyle
 
 log = logging.getLogger("clawgym.proxy")
