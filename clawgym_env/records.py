@@ -3,9 +3,9 @@
 Two views of a call are kept apart: `request` is the harness view (the raw JSON it sent); the token
 fields are the training view (exact ids the engine saw and generated, with the engine's logprobs).
 
-The log is append-only, so what is learnt about a call after its record was written (whether the client
-took the reply whole) is appended as a small receipt line, `{"receipt": {...}}`, that `read_calls` folds
-back into the call.
+The log is append-only, one line per call, so what is learnt about a call after its record was written
+(whether the client took the reply whole) goes to a sibling file of receipts (`calls.receipts` next to
+`calls.jsonl`) that `read_calls` folds back into the calls.
 """
 
 from __future__ import annotations
@@ -97,7 +97,10 @@ class DeliveryReceipt(BaseModel):
     delivered: bool
 
 
-RECEIPT_PREFIX = b'{"receipt":'
+def receipts_path(log_path: Path) -> Path:
+    """Where a log's delivery receipts go: `calls.jsonl` -> `calls.receipts` (not `*.jsonl`, so globs for
+    call logs do not pick it up)."""
+    return Path(log_path).with_suffix(".receipts")
 
 
 class CallLog:
@@ -107,6 +110,7 @@ class CallLog:
     `fsync=True` also survives a machine crash at a per-call cost. A process killed mid-write leaves a torn
     last line: opening the log cuts it off (`repaired_bytes` says how much), so the next record starts on
     a line of its own. Readers may load the log while it grows (`read_calls` skips and counts torn lines).
+    Delivery receipts go to `receipts_path(path)`, opened on the first receipt and repaired the same way.
     """
 
     def __init__(self, path: Path, fsync: bool = False) -> None:
@@ -115,50 +119,56 @@ class CallLog:
         self.fsync = fsync
         self._lock = threading.Lock()
         self._fh = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - kept open for the run (read too: tail repair)
-        self.repaired_bytes = self._repair_torn_tail()
-
-    def _repair_torn_tail(self) -> int:
-        """Truncate the log to its last complete line; return how many bytes were cut."""
-        fd = self._fh.fileno()
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return 0  # a pipe or device: nothing to repair
-        size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-            return 0
-        end, step = size, 1 << 16
-        while end > 0:
-            start = max(0, end - step)
-            newline = os.pread(fd, end - start, start).rfind(b"\n")
-            if newline >= 0:
-                end = start + newline + 1
-                break
-            end = start
-        os.ftruncate(fd, end)
-        return size - end
+        self.repaired_bytes = _repair_torn_tail(self._fh.fileno())
+        self._receipts: Any = None  # the receipts file, opened on first use
 
     def append(self, call: ModelCall) -> None:
         """Write one record; serialization errors raise before anything is written."""
-        self._write(orjson.dumps(call.model_dump(mode="json")) + b"\n")
+        self._write(self._fh, orjson.dumps(call.model_dump(mode="json")) + b"\n")
 
     def append_receipt(self, receipt: DeliveryReceipt) -> None:
-        self._write(RECEIPT_PREFIX + orjson.dumps(receipt.model_dump()) + b"}\n")
-
-    def _write(self, line: bytes) -> None:
         with self._lock:
-            self._fh.write(line)
+            if self._receipts is None:
+                self._receipts = open(receipts_path(self.path), "a+b", buffering=0)  # noqa: SIM115 - kept open
+                self.repaired_bytes += _repair_torn_tail(self._receipts.fileno())
+        self._write(self._receipts, orjson.dumps(receipt.model_dump()) + b"\n")
+
+    def _write(self, fh: Any, line: bytes) -> None:
+        with self._lock:
+            fh.write(line)
             if self.fsync:
-                os.fsync(self._fh.fileno())
+                os.fsync(fh.fileno())
 
     def close(self) -> None:
         with self._lock:
-            if not self._fh.closed:
-                self._fh.close()
+            for fh in (self._fh, self._receipts):
+                if fh is not None and not fh.closed:
+                    fh.close()
 
     def __enter__(self) -> CallLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _repair_torn_tail(fd: int) -> int:
+    """Truncate a log to its last complete line; return how many bytes were cut."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return 0  # a pipe or device: nothing to repair
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    end, step = size, 1 << 16
+    while end > 0:
+        start = max(0, end - step)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    os.ftruncate(fd, end)
+    return size - end
 
 
 class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for call in read_calls(path)`
@@ -182,14 +192,19 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
 
     def _receipts(self) -> dict[tuple[str, int], bool]:
         receipts: dict[tuple[str, int], bool] = {}
-        with open(self.path, "rb") as fh:
+        path = receipts_path(self.path)
+        if not path.is_file():
+            return receipts
+        with open(path, "rb") as fh:
             for raw in fh:
-                if raw.startswith(RECEIPT_PREFIX) and raw.endswith(b"\n"):
-                    try:
-                        receipt = orjson.loads(raw)["receipt"]
-                        receipts[(receipt["rollout_id"], receipt["call_index"])] = bool(receipt["delivered"])
-                    except (orjson.JSONDecodeError, KeyError, TypeError):
-                        pass  # counted as torn in the main pass
+                try:
+                    receipt = DeliveryReceipt.model_validate_json(raw) if raw.endswith(b"\n") else None
+                except ValidationError:
+                    receipt = None
+                if receipt is None:
+                    self.torn_lines += 1
+                    continue
+                receipts[(receipt.rollout_id, receipt.call_index)] = receipt.delivered
         return receipts
 
     def _read(self) -> Iterator[ModelCall]:
@@ -199,7 +214,7 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
                 if not raw.endswith(b"\n"):
                     self.torn_lines += 1  # a writer died mid-line (or is writing it now)
                     break
-                if raw.startswith(RECEIPT_PREFIX) or not raw.strip():
+                if not raw.strip():
                     continue
                 try:
                     data = orjson.loads(raw)

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from clawgym_env.records import RECEIPT_PREFIX, ModelCall, read_calls
+from clawgym_env.records import ModelCall, read_calls
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory.forest import SOURCE_KINDS, TrajectoryForest
 from clawgym_env.trajectory.reconstruct import build_forest
@@ -212,7 +212,7 @@ def rollout_ids(calls_file: Path) -> list[str]:
     seen: dict[str, None] = {}
     with open(calls_file, "rb") as fh:
         for raw in fh:
-            if raw.endswith(b"\n") and not raw.startswith(RECEIPT_PREFIX):
+            if raw.endswith(b"\n"):
                 try:
                     seen.setdefault(orjson.loads(raw)["rollout_id"], None)
                 except (orjson.JSONDecodeError, KeyError, TypeError):

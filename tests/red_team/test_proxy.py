@@ -42,7 +42,7 @@ from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy, ProxyEndpoint, RolloutLimits
 from clawgym_env.proxy import ChatMLRenderer, ProxyGuards, ServingProxy
-from clawgym_env.records import CallLog, ModelCall, read_calls
+from clawgym_env.records import CallLog, ModelCall, read_calls, receipts_path
 
 REPO = Path(__file__).resolve().parents[2]
 MESSAGES, CHAT, RESPONSES = "/v1/messages", "/v1/chat/completions", "/v1/responses"
@@ -437,6 +437,10 @@ def test_torn_log_lines_are_repaired_skipped_and_counted(tmp_path):
     reader = read_calls(log_path)
     assert [c.call_index for c in reader] == [0, 1, 2, 5]
     assert reader.torn_lines == 1
+    # receipts live beside the log; a torn receipt is skipped and counted the same way
+    receipts_path(log_path).write_bytes(b'{"rollout_id": "r", "call_index": 5, "delivered": true}\n{"rollout_id": "r", "call')
+    reader = read_calls(log_path)
+    assert [c.delivered for c in reader] == [None, None, None, True] and reader.torn_lines == 2
 
     result = subprocess.run(
         [sys.executable, "-c", "from clawgym_env.cli import app; app()", "inspect", str(log_path.parent)],
