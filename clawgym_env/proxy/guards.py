@@ -133,7 +133,7 @@ def unsent_bytes(sock: socket.socket | None) -> int:
         return 0
     buf = array.array("i", [0])
     try:
-        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf, True)
+        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf, True)  # TIOCOUTQ is SIOCOUTQ's number on Linux
     except OSError:
         return 0
     return buf[0]
