@@ -24,9 +24,9 @@ from clawgym_env.interfaces import (
     HarnessResult,
     Policy,
     RolloutLimits,
+    RolloutProxy,
     SandboxBackend,
     SandboxLimits,
-    ServingProxy,
     VerifierResult,
     VerifyContext,
 )
@@ -87,7 +87,7 @@ async def run_rollout(
     adapter: HarnessAdapter,
     policy: Policy,
     backend: SandboxBackend,
-    proxy: ServingProxy | None,
+    proxy: RolloutProxy | None,
     options: EnvOptions,
     rollout_id: str | None = None,
     artifacts_dir: Path | None = None,
@@ -227,7 +227,7 @@ async def run_rollout(
     )
 
 
-def budget_cap_hit(proxy: ServingProxy | None, rollout_id: str) -> str | None:
+def budget_cap_hit(proxy: RolloutProxy | None, rollout_id: str) -> str | None:
     """"call_cap" or "token_cap" when the proxy refused a call of this rollout for its budget, else None.
 
     A harness reports that refusal as an API error and stops. By default that is a failure (a flooding

@@ -255,7 +255,10 @@ def rollout_ids(calls_file: Path) -> list[str]:
     with open(calls_file, "rb") as fh:
         for raw in fh:
             if raw.endswith(b"\n"):
-                seen.setdefault(orjson.loads(raw)["rollout_id"], None)
+                try:
+                    seen.setdefault(orjson.loads(raw)["rollout_id"], None)
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    continue  # a torn line: read_calls skips and counts it
     return list(seen)
 
 
@@ -280,13 +283,17 @@ def inspect_run(
     rollout_id = rollout_id or ids[0]
     if rollout_id not in ids:
         raise ValueError(f"rollout {rollout_id!r} is not in {calls_file}; recorded: {', '.join(ids[:10])}")
-    calls: list[ModelCall] = list(read_calls(calls_file, rollout_id))
+    reader = read_calls(calls_file, rollout_id)
+    calls: list[ModelCall] = list(reader)
     forest = build_forest(calls, rollout_id=rollout_id, reward=reward, options=options)
     out = Path(out_dir) if out_dir is not None else calls_file.parent / "inspect"
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / f"{rollout_id}.html"
     html_path.write_text(render_html(forest, decode), encoding="utf-8")
-    return render_text(forest, decode), html_path
+    text = render_text(forest, decode)
+    if reader.torn_lines:
+        text += f"\n{reader.torn_lines} torn line(s) in {calls_file} skipped (a writer was killed mid-line)"
+    return text, html_path
 
 
 def recording_stats(path: str | Path, options: ForestOptions | None = None) -> list[dict[str, Any]]:

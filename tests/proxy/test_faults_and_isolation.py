@@ -56,13 +56,15 @@ async def post(proxy, route, path, body, **kw) -> httpx.Response:
         return await client.post(path, json=body, headers=kw.pop("headers", headers(route)), **kw)
 
 
-async def test_unknown_rollout_404_closed_410_wrong_key_401(proxy, scripted_policy):
+async def test_unknown_rollout_and_wrong_key_401_closed_410(proxy, scripted_policy):
     a = proxy.open_rollout("a", scripted_policy(["A"] * 5))
     b = proxy.open_rollout("b", scripted_policy(["B"] * 5))
     async with httpx.AsyncClient(base_url=proxy.origin) as client:
+        # an unknown rollout answers like a wrong key, so a caller cannot tell which rollouts are open
         r = await client.post("/rollouts/nope" + MESSAGES, json=GOOD[MESSAGES], headers=headers(a))
-        assert r.status_code == 404
-        assert r.json() == {"type": "error", "error": {"type": "not_found_error", "message": "no rollout 'nope' on this proxy"}}
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+        assert "no such open rollout" in r.json()["error"]["message"]
         # the other rollout's key, in both header styles, and no key at all
         for h in ({"x-api-key": b.api_key}, {"authorization": f"Bearer {b.api_key}"}, {}):
             r = await client.post("/rollouts/a" + CHAT, json=GOOD[CHAT], headers=h)
@@ -200,7 +202,7 @@ async def test_models_head_count_tokens_and_openapi(proxy, scripted_policy, rend
     async with httpx.AsyncClient(base_url=proxy.origin) as client:
         assert (await client.head("/")).status_code == 200
         assert (await client.head("/rollouts/meta")).status_code == 200
-        assert (await client.head("/rollouts/other")).status_code == 404
+        assert (await client.head("/rollouts/other")).status_code == 200  # HEAD tells nothing about rollouts
         schema = (await client.get("/openapi.json")).json()
     paths = schema["paths"]
     assert {"/rollouts/{rollout_id}/v1/messages", "/rollouts/{rollout_id}/v1/chat/completions", "/rollouts/{rollout_id}/v1/responses"} <= set(paths)

@@ -58,5 +58,8 @@ def test_sigkill_mid_run_loses_no_completed_call(tmp_path: Path):
     assert len(calls) >= 3, "a completed call was lost"
     assert [c.call_index for c in calls[:3]] == [0, 1, 2]
     assert all(c.error is None and c.rollout_id == "r1" and c.generated_ids for c in calls[:3])
+    # the client read the first answers whole; a call in flight at the kill (its reply never read) says it was not
+    assert [c.delivered for c in calls[:2]] == [True, True]
+    assert all(c.delivered is False for c in calls[3:])
     assert calls[0].request["messages"][0]["content"] == "call 0"
     assert calls[1].streamed and "ls" in answers[0]

@@ -73,11 +73,13 @@ async def test_closed_rollouts_leave_nothing_but_a_bounded_stats_table(tmp_path,
             assert after == baseline
             assert proxy.closed_count == 40
 
-            # the latest closed rollouts still answer stats() and 410; older ones are forgotten (404)
+            # the latest closed rollouts still answer stats() (and 410 to their own key); older ones are forgotten
             assert proxy.stats("more29").completed_calls == 2 and proxy.stats("more29").spliced_turns == 1
             with pytest.raises(KeyError, match="latest 8"):
                 proxy.stats("warm0")
             body = {"model": "policy", "messages": [USER]}
-            assert (await client.post("/rollouts/more29/v1/chat/completions", json=body)).status_code == 410
-            assert (await client.post("/rollouts/warm0/v1/chat/completions", json=body)).status_code == 404
-            assert (await client.get("/health")).json() == {"status": "ok", "open_rollouts": 0, "closed_rollouts": 40}
+            # without its key, a closed or forgotten rollout answers like any other route (nothing disclosed)
+            assert (await client.post("/rollouts/more29/v1/chat/completions", json=body)).status_code == 401
+            assert (await client.post("/rollouts/warm0/v1/chat/completions", json=body)).status_code == 401
+            assert (await client.get("/health")).json() == {"status": "ok"}
+            assert len(proxy._closed_keys) == KEEP_CLOSED and proxy._in_flight == {}

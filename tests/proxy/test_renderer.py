@@ -78,6 +78,16 @@ def test_block_rendering_equals_the_tokenizers_chat_template(renderer, tokenizer
     assert all(a.end == b.start for a, b in zip(rendered.segments, rendered.segments[1:]))
 
 
+@pytest.mark.parametrize("conversation", probe_conversations(), ids=["sys+tools", "tools", "sys", "bare"])
+def test_the_control_token_safe_encoding_matches_the_one_pass_one(renderer, conversation):
+    """Blocks whose message text spells a control token take a second encoding path (template specials
+    only); without such text that path must give exactly the ids of the usual one-pass encoding."""
+    for message, pieces in renderer._blocks(conversation):
+        one_pass = renderer._backend.encode("".join(p[0] for p in pieces), add_special_tokens=False)
+        ids, offsets = renderer._encode_template_specials_only(pieces)
+        assert ids == one_pass.ids and offsets == one_pass.offsets, pieces
+
+
 @pytest.mark.parametrize(
     "adapter,body",
     [(AnthropicAdapter(), CLAUDE_CODE_LIKE), (ChatAdapter(), CHAT_LIKE), (ResponsesAdapter(), RESPONSES_LIKE)],

@@ -166,7 +166,7 @@ async def test_proxy_killed_and_restarted_mid_run_loses_no_completed_call(tmp_pa
         async with httpx.AsyncClient(base_url=info2["origin"]) as client:
             r = await client.post(routes["r3"]["path_prefix"] + "/v1/chat/completions", json={"model": "p", "messages": []},
                                   headers={"authorization": f"Bearer {routes['r3']['api_key']}"})  # fmt: skip
-            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     finally:
         for p in (proc, restarted):
             if p is not None and p.poll() is None:
