@@ -443,7 +443,7 @@ def test_torn_log_lines_are_repaired_skipped_and_counted(tmp_path):
     assert [c.delivered for c in reader] == [None, None, None, True] and reader.torn_lines == 2
 
     result = subprocess.run(
-        [sys.executable, "-c", "from clawgym_env.cli import app; app()", "inspect", str(log_path.parent)],
+        [sys.executable, "-c", "from clawgym_cli.app import app; app()", "inspect", str(log_path.parent)],
         capture_output=True, text=True, cwd=REPO, timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
