@@ -1,17 +1,22 @@
 """The local sandbox backend: one bubblewrap sandbox per rollout.
 
 Each sandbox is one long-lived `bwrap` process whose child, the init (`sandbox_init.c` compiled by
-native_init.py, or `sandbox_init.py` where no C compiler exists), holds the namespaces:
-read-only view of the host (`--ro-bind / /`), private writable workspace bound at the task's mount path,
-private tmpfs /tmp, /root (HOME) and /run, its own PID/net/IPC/UTS/user namespaces (loopback only), no
-capabilities. Commands are started by that init (so they share its namespaces and limits) on request over a
-control socket; their stdin/stdout/stderr are host pipes passed along with the request. When a proxy is
-given, the init relays 127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket, bound in at
-/run/clawgym/proxy.sock; that relay is the only way out.
+native_init.py, or `sandbox_init.py` where no C compiler exists), holds the namespaces: its own PID, net,
+IPC, UTS and user namespaces (loopback only), no capabilities, and a view of the host limited to what a
+harness needs (bwrap_args.py says what is shown). The workspace is a host folder, a tmpfs of the task's
+disk size where the host may mount one (so the kernel enforces the quota), bound at the task's mount path.
+Commands are started by the init on request over a control socket (init_protocol.py); their
+stdin/stdout/stderr are host pipes passed along with the request. When a proxy is given, the init relays
+127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket bound at /run/clawgym/proxy.sock;
+that relay is the only way out.
 
-Host folders: <root>/<sandbox id>/workspace (bound into the sandbox) and <root>/<sandbox id>/sandbox.json
-(owner pid, bwrap pid, cgroups) so that `reap_leftovers(root)` can clean up after a crashed run. The root
-itself, and any `hidden_paths`, are covered by an empty tmpfs inside every sandbox.
+Before verification, `end_agent_processes()` kills everything the agent started (the sandbox's cgroup is
+checked empty) and starts a fresh init with a new control socket over the same workspace, so nothing
+the agent left running can touch the verifier's files or answer for it.
+
+Host folders: <root>/<sandbox id>/workspace and <root>/<sandbox id>/sandbox.json (owner pid, bwrap pid,
+cgroups) so that `reap_leftovers(root)` (reaper.py) can clean up after a crashed run. Host-side file access
+(host_files.py) never follows a link and never blocks on a FIFO.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ import itertools
 import json
 import logging
 import os
-import sys
 import posixpath
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -43,24 +48,43 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from clawgym_env.interfaces import ExecResult, ProxyEndpoint, SandboxLimits, SandboxUnavailable
+from clawgym_env.sandbox import bwrap_args
+from clawgym_env.sandbox.bwrap_args import INIT_INSIDE, PRIVATE_DIRS, PROXY_SOCKET_INSIDE, is_under
 from clawgym_env.sandbox.cgroups import SandboxCgroup
+from clawgym_env.sandbox.host_files import (
+    DownloadReport,
+    copy_workspace,
+    disk_usage,
+    is_full,
+    list_beneath,
+    mount_workspace,
+    read_beneath,
+    remove_tree,
+    unmount_workspace,
+    write_beneath,
+)
+from clawgym_env.sandbox.init_protocol import MAX_REQUEST, exec_request, kill_request, parse_reply
 from clawgym_env.sandbox.native_init import build_init
+from clawgym_env.sandbox.reaper import reap_leftovers
 from clawgym_env.sandbox.workspace import materialize_workspace
 
 if TYPE_CHECKING:
     from clawgym_env.specs import TaskSpec
 
+__all__ = ["LocalSandbox", "LocalSandboxBackend", "SandboxError", "check_bubblewrap", "default_python",
+           "default_root", "reap_leftovers", "remove_tree", "MAX_REQUEST"]
+
 INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
-INIT_INSIDE = "/run/clawgym/init"  # where the compiled C init is bound read-only
-MAX_REQUEST = 1 << 20  # the inits read requests into a buffer of this size
-PROXY_SOCKET_INSIDE = "/run/clawgym/proxy.sock"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh tmpfs in every sandbox
 READY_TIMEOUT_S = 20.0
 OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers still holding its stdout
-DISK_CHECK_INTERVAL_S = 1.0
+DISK_CHECK_INTERVAL_S = 1.0  # only where no workspace tmpfs could be mounted (the kernel enforces it otherwise)
+HOST_FILE_TIMEOUT_S = 60.0
+EMPTY_CGROUP_TIMEOUT_S = 5.0
 DISK_HINTS = ("File too large", "File size limit exceeded", "No space left on device")
 MEMORY_HINTS = ("MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc", "heap out of memory")
+# The Python launcher (no C compiler): join the cgroups, then exec bwrap.
+PY_LAUNCHER = "import os,sys\ni=sys.argv.index('--')\nfor p in sys.argv[1:i]:\n  open(p,'w').write('0')\nos.execvp(sys.argv[i+1],sys.argv[i+1:])"
 log = logging.getLogger(__name__)
 
 
@@ -73,22 +97,8 @@ def default_root() -> Path:
 
 
 def host_paths_needed_inside() -> list[Path]:
-    """Host folders that commands in a sandbox need: this checkout (MCP servers, verifier helpers), its
-    virtual environment and base interpreter, and the harness/model cache.
-
-    They are visible through the read-only root anyway, unless they sit under a folder that every
-    sandbox gets privately (/tmp, /root, /run): a checkout cloned under /tmp, or pyenv's interpreters
-    under /root. Those are bound back in, read-only, at the same path.
-    """
-    repo = Path(__file__).resolve().parents[2]
-    cache = Path(os.environ.get("CLAWGYM_CACHE") or repo / ".cache")
-    candidates = [repo, cache, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent]
-    needed: list[Path] = []
-    for path in candidates:
-        path = path.absolute()
-        if path.is_dir() and any(_is_under(str(path), p) for p in PRIVATE_DIRS) and path not in needed:
-            needed.append(path)
-    return needed
+    """Host folders shown read-only inside (the Python environment, harness CLIs, the checkout's code)."""
+    return bwrap_args.shown_host_paths()
 
 
 def default_python() -> str:
@@ -193,6 +203,7 @@ class LocalSandboxBackend:
         self.hidden_paths = [Path(p).absolute() for p in hidden_paths]
         self.ro_binds = {str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()}
         self.auto_binds = host_paths_needed_inside()
+        self.hidden_roots = bwrap_args.hidden_roots([self.root, *self.hidden_paths])
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.relay_port = relay_port
         self.env = dict(env or {})
@@ -388,42 +399,46 @@ class LocalSandbox:
         self._remove_lock = threading.Lock()
         self._gone_reason: str | None = None
         self._stderr_path = host_dir / "init.stderr"
+        self._quota: bool | None = None  # whether the workspace is a sized tmpfs (None: not tried yet)
+        self._commands_since_start = 0
+        self.last_download: DownloadReport | None = None
 
     # ------------------------------------------------------------------ start
     def _bwrap_args(self, init_fd: int) -> list[str]:
+        """bwrap's options (they go through a memfd, see bwrap_args.py); the init's argv follows them."""
         b = self._backend
-        args = [b.bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-                "--disable-userns", "--cap-drop", "ALL", "--hostname", self.id, "--die-with-parent", "--new-session",
-                "--proc", "/proc", "--dev", "/dev"]
-        tmpfs_size = str(self.limits.workspace_mb * 1024 * 1024)
-        for private in PRIVATE_DIRS:
-            args += ["--size", tmpfs_size, "--tmpfs", private]
-        for path in b.auto_binds:  # needed folders that the private dirs above would hide
+        args = ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--disable-userns", "--cap-drop", "ALL",
+                "--hostname", self.id, "--die-with-parent", "--new-session"]
+        args += bwrap_args.system_binds(b.hidden_roots)
+        args += bwrap_args.proc_args()
+        args += bwrap_args.private_dirs(self.limits.workspace_mb * 1024 * 1024)
+        for path in b.auto_binds:
             args += ["--ro-bind", str(path), str(path)]
         for host_path, inside in b.ro_binds.items():
             args += ["--ro-bind", host_path, inside]
-        hidden = [b.root, *b.hidden_paths]
-        if self._proxy is not None and self._proxy.unix_socket is not None:
-            hidden.append(Path(self._proxy.unix_socket).absolute().parent)
+        hidden = list(b.hidden_paths)
         for path in hidden:  # after the binds, so a hidden folder inside a bound one stays hidden
-            if not path.exists() or not self._visible_inside(path):
-                continue  # nothing to hide, or already hidden under a private tmpfs
-            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+            if path.exists() and self._visible_inside(path):
+                args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         if self._proxy is not None and self._proxy.unix_socket is not None:
             args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
         if b.init_binary is not None:
             args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
         args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
+        return args
+
+    def _init_argv(self, init_fd: int) -> list[str]:
+        b = self._backend
         init = [INIT_INSIDE] if b.init_binary is not None else [b.python, "-I", "-S", "-c", INIT_SOURCE]
-        return args + init + [str(init_fd), *self._init_args()]
+        return init + [str(init_fd), *self._init_args()]
 
     def _visible_inside(self, path: Path) -> bool:
-        """Whether a host path would be visible inside without hiding (the root minus the private dirs,
-        plus whatever is bound back in)."""
+        """Whether a host path would be visible inside without hiding (a system folder or a bound one)."""
         bound = [str(p) for p in self._backend.auto_binds] + list(self._backend.ro_binds)
-        if any(_is_under(str(path), b) or _is_under(b, str(path)) for b in bound):
+        if any(is_under(str(path), b) or is_under(b, str(path)) for b in bound):
             return True
-        return not any(_is_under(str(path), p) for p in PRIVATE_DIRS)
+        top = "/" + str(path).strip("/").split("/")[0]
+        return top.lstrip("/") in bwrap_args.SYSTEM_FOLDERS
 
     def _init_args(self) -> list[str]:
         """The init's arguments after the control fd: rlimits, then the relay's port and socket if any."""
@@ -436,25 +451,36 @@ class LocalSandbox:
             args += [str(self._backend.relay_port), PROXY_SOCKET_INSIDE]
         return args
 
+    def _prepare_workspace(self) -> None:
+        """Mount the workspace tmpfs of the sandbox's disk size (once; it outlives restarts)."""
+        if self._quota is None:
+            self._quota = mount_workspace(self.workspace_dir, self.limits.workspace_mb)
+            if not self._quota:
+                log.debug("no workspace tmpfs for %s (cannot mount here): the disk limit is polled", self.id)
+
     async def _start(self) -> None:
-        if self._backend.use_cgroups:
+        self._prepare_workspace()
+        if self._backend.use_cgroups and self._cgroup is None:
             self._cgroup = SandboxCgroup.create(f"clawgym-{self.id}", self.limits.memory_mb, self.limits.max_processes)
         host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control = host_end
-        args = self._bwrap_args(init_end.fileno())
-        if self._cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is in it
-            procs = [str(f) for f in self._cgroup.procs_files]
+        options_fd = bwrap_args.args_memfd(self._bwrap_args(init_end.fileno()))
+        args = [self._backend.bwrap, "--args", str(options_fd), *self._init_argv(init_end.fileno())]
+        procs = [str(f) for f in self._cgroup.procs_files] if self._cgroup is not None else []
+        if procs:  # join the cgroup before bwrap starts, so every descendant is in it
             if self._backend.init_binary is not None:  # the C init doubles as the launcher: no shell to start
                 args = [str(self._backend.init_binary), "--in-cgroup", *procs, "--", *args]
             else:
-                joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs)
-                args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *args]
-        with open(self._stderr_path, "wb") as stderr:
-            self._process = await asyncio.create_subprocess_exec(
-                *args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                pass_fds=[init_end.fileno()], start_new_session=True,
-            )
-        init_end.close()
+                args = [sys.executable, "-I", "-S", "-c", PY_LAUNCHER, *procs, "--", *args]
+        try:
+            with open(self._stderr_path, "wb") as stderr:
+                self._process = await asyncio.create_subprocess_exec(
+                    *args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                    pass_fds=[init_end.fileno(), options_fd], start_new_session=True,
+                )
+        finally:
+            init_end.close()
+            os.close(options_fd)
         self._write_state()
         host_end.setblocking(False)
         loop = asyncio.get_running_loop()
@@ -466,7 +492,40 @@ class LocalSandbox:
             code = self._process.returncode
             raise SandboxError(f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}")
         self._reader = asyncio.create_task(self._read_control())
-        self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
+        if self._wall_timer is None:
+            self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
+        self._commands_since_start = 0
+
+    async def end_agent_processes(self) -> None:
+        """Kill every process in the sandbox, check that none is left, then start a fresh init.
+
+        Called before verification: whatever the agent left running (a `setsid` loop, a process holding
+        the old control socket) is gone, and the verifier's commands go over a control channel the agent
+        never had. The workspace stays as the agent left it. A no-op when nothing ran since the last start.
+        """
+        self._check_alive()
+        if self._commands_since_start == 0:
+            return
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._fail_pending("sandbox_restarted")
+        self._kill()
+        if self._process is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._process.wait(), 10)
+        await asyncio.to_thread(self._wait_cgroup_empty)
+        await self._start()
+
+    def _wait_cgroup_empty(self) -> None:
+        if self._cgroup is None:
+            return  # the PID namespace ended with bwrap: the kernel killed everything in it
+        deadline = time.monotonic() + EMPTY_CGROUP_TIMEOUT_S
+        while self._cgroup.members():
+            if time.monotonic() > deadline:
+                raise SandboxError(f"sandbox {self.id}: processes {self._cgroup.members()} survived the kill")
+            self._cgroup.kill_all()
+            time.sleep(0.002)
 
     def _restart_wall_clock(self) -> None:
         """A warm sandbox's wall-time limit counts from when a task takes it, not from its start."""
@@ -505,7 +564,7 @@ class LocalSandbox:
                 data = await loop.sock_recv(self._control, 1 << 16)
                 if not data:
                     break
-                message = _parse_reply(data)
+                message = parse_reply(data)
                 future = self._pending.pop(message.get("id"), None)
                 if future is not None and not future.done():
                     future.set_result(message)
@@ -558,7 +617,8 @@ class LocalSandbox:
             if not argv:
                 raise ValueError("exec needs a non-empty command")
         request_id = next(self._ids)
-        request = _exec_request(request_id, posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
+        self._commands_since_start += 1
+        request = exec_request(request_id, posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
                                 argv, self._command_env(env))
         wall_left = self._deadline - time.monotonic()
         budget = min(timeout_s, wall_left) if timeout_s is not None else wall_left
@@ -593,7 +653,8 @@ class LocalSandbox:
             await _feed(in_write, stdin or b"")
 
         reason: str | None = None
-        watcher = asyncio.create_task(self._watch_disk(request_id))
+        # where the kernel enforces the quota (a sized tmpfs) there is nothing to poll
+        watcher = asyncio.create_task(self._watch_disk(request_id) if not self._quota else asyncio.sleep(0, False))
         try:
             message = await asyncio.wait_for(asyncio.shield(future), max(budget, 0.0))
         except TimeoutError:
@@ -618,6 +679,8 @@ class LocalSandbox:
             err_buf += f"clawgym sandbox: cannot run {argv[0]!r}: {message['error']}\n".encode()
             return 127, bytes(out_buf), bytes(err_buf), duration, reason
         if message["op"] == "gone":
+            if reason is None and self._cgroup is not None and self._cgroup.oom_kills() > oom_before:
+                reason = "memory"  # the kernel's OOM killer ended the sandbox's init
             return 137, bytes(out_buf), bytes(err_buf), duration, reason or message["reason"]
         code = int(message["code"])
         if reason is None and code != 0:
@@ -626,10 +689,10 @@ class LocalSandbox:
 
     def _explain_failure(self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int) -> str | None:
         text = stderr[-4000:].decode(errors="replace")
-        if message.get("signal") == signal.SIGXFSZ or message.get("code") == 128 + signal.SIGXFSZ or any(
-            hint in text for hint in DISK_HINTS
-        ):
+        if message.get("signal") == signal.SIGXFSZ or message.get("code") == 128 + signal.SIGXFSZ:
             return "disk"
+        if any(hint in text for hint in DISK_HINTS) and self._a_disk_is_full():
+            return "disk"  # ENOSPC alone is not enough: `unshare -U` says so when user namespaces are off
         if self._cgroup is not None:
             if self._cgroup.oom_kills() > oom_before:
                 return "memory"
@@ -646,14 +709,27 @@ class LocalSandbox:
         limit = self.limits.workspace_mb * 1024 * 1024
         while True:
             await asyncio.sleep(DISK_CHECK_INTERVAL_S)
-            used = await asyncio.to_thread(_disk_usage, self.workspace_dir)
+            used = await asyncio.to_thread(disk_usage, self.workspace_dir)
             if used > limit:
                 self._send_kill(request_id)
                 return True
 
     def _send_kill(self, request_id: int) -> None:
         with contextlib.suppress(OSError, AttributeError):
-            self._control.send(b"kill\0%d" % request_id)  # type: ignore[union-attr]
+            self._control.send(kill_request(request_id))  # type: ignore[union-attr]
+
+    def _a_disk_is_full(self) -> bool:
+        """Whether the workspace or one of the sandbox's sized tmpfs (/dev/shm, /tmp, /root, /run) is full."""
+        if (self._quota or not self._backend.use_cgroups) and is_full(self.workspace_dir):
+            return True
+        if self._quota is False and disk_usage(self.workspace_dir) >= self.limits.workspace_mb * 1024 * 1024 * 0.95:
+            return True
+        with contextlib.suppress(psutil.Error, AttributeError):
+            inner = psutil.Process(self._process.pid).children(recursive=True)  # type: ignore[union-attr]
+            if inner:
+                root = f"/proc/{inner[0].pid}/root"
+                return any(is_full(Path(root + d)) for d in ("/dev/shm", *PRIVATE_DIRS))
+        return False
 
     def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         merged = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "TMPDIR": "/tmp",
@@ -670,9 +746,9 @@ class LocalSandbox:
     def _resolve(self, path: str) -> tuple[str, str]:
         """('workspace', relative path) or ('tmp', absolute path); anything else is refused."""
         inside = posixpath.normpath(posixpath.join(self.workspace_path, path))
-        if _is_under(inside, self.workspace_path):
+        if is_under(inside, self.workspace_path):
             return "workspace", posixpath.relpath(inside, self.workspace_path)
-        if _is_under(inside, "/tmp"):
+        if is_under(inside, "/tmp"):
             return "tmp", inside
         raise PermissionError(
             f"path {path!r} is outside the sandbox's workspace ({self.workspace_path}) and /tmp; "
@@ -683,7 +759,7 @@ class LocalSandbox:
         self._check_alive()
         where, target = self._resolve(path)
         if where == "workspace":
-            return _read_beneath(self.workspace_dir, target)
+            return await self._on_host(read_beneath, self.workspace_dir, target)
         code, out, err, _, _ = await self._run(["cat", "--", target], timeout_s=60)
         if code != 0:
             raise FileNotFoundError(f"cannot read {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
@@ -694,7 +770,7 @@ class LocalSandbox:
         payload = data.encode() if isinstance(data, str) else bytes(data)
         where, target = self._resolve(path)
         if where == "workspace":
-            _write_beneath(self.workspace_dir, target, payload)
+            await self._on_host(write_beneath, self.workspace_dir, target, payload)
             return
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
         code, _, err, _, _ = await self._run(["/bin/sh", "-c", script, "sh", target], stdin=payload, timeout_s=60)
@@ -706,18 +782,29 @@ class LocalSandbox:
         self._check_alive()
         where, target = self._resolve(path or self.workspace_path)
         if where == "workspace":
-            return _list_beneath(self.workspace_dir, target)
+            return await self._on_host(list_beneath, self.workspace_dir, target)
         code, out, err, _, _ = await self._run(["find", target, "-mindepth", "1", "-not", "-type", "d", "-printf", "%P\\n"], timeout_s=60)
         if code != 0:
             raise FileNotFoundError(f"cannot list {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
         return sorted(line for line in out.decode(errors="replace").splitlines() if line)
 
     async def download_workspace(self, dest: Path) -> Path:
-        """Copy the workspace to `dest` on the host (symlinks copied as links, never followed)."""
+        """Copy the workspace to `dest` on the host: folders, regular files without setuid/setgid bits, and
+        links that stay inside; FIFOs, sockets, devices and links out are skipped and counted in
+        `last_download` (a DownloadReport)."""
         self._check_alive()
         dest = Path(dest)
-        await asyncio.to_thread(shutil.copytree, self.workspace_dir, dest, symlinks=True, dirs_exist_ok=True)
+        self.last_download = await self._on_host(copy_workspace, self.workspace_dir, dest, self.workspace_path)
+        if self.last_download.skipped:
+            log.info("download of %s skipped %s", self.id, self.last_download.skipped)
         return dest
+
+    async def _on_host(self, func: Any, *args: Any) -> Any:
+        """Host file work off the event loop, with a time limit (a slow or odd file cannot stall the loop)."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(func, *args), HOST_FILE_TIMEOUT_S)
+        except TimeoutError:
+            raise SandboxError(f"sandbox {self.id}: host file access took over {HOST_FILE_TIMEOUT_S:g} s") from None
 
     # ------------------------------------------------------------------ lifecycle
     async def destroy(self) -> None:
@@ -787,6 +874,8 @@ class LocalSandbox:
                 return
             if self._cgroup is not None:
                 self._cgroup.remove()
+            if self._quota:
+                unmount_workspace(self.workspace_dir)
             remove_tree(self.host_dir)
             self._removed = True
             _LIVE.discard(self)
@@ -801,40 +890,9 @@ class LocalSandbox:
         return f"LocalSandbox({self.id}, workspace={self.workspace_path}, destroyed={self._destroyed})"
 
 
-# ------------------------------------------------------------------------------------------------ helpers
-def _exec_request(request_id: int, cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> bytes:
-    """'exec\\0<id>\\0<cwd>\\0<argc>\\0<argv...>\\0<NAME=value...>', the inits' request format."""
-    fields = [b"exec", str(request_id).encode(), os.fsencode(cwd), str(len(argv)).encode(), *map(os.fsencode, argv)]
-    for name, value in env.items():
-        if "=" in name or not name:
-            raise ValueError(f"invalid environment variable name {name!r}")
-        fields.append(os.fsencode(f"{name}={value}"))
-    if any(b"\0" in field for field in fields):
-        raise ValueError("the command, its folder and its environment must not contain NUL characters")
-    request = b"\0".join(fields)
-    if len(request) >= MAX_REQUEST:
-        raise ValueError(f"command and environment too large ({len(request)} bytes, at most {MAX_REQUEST - 1})")
-    return request
 
 
-def _parse_reply(data: bytes) -> dict[str, Any]:
-    """The init's one-line replies: 'exit <id> <code> <signal>' or 'error <id> <message>'."""
-    words = data.decode(errors="replace").split(" ", 2)
-    try:
-        if words[0] == "exit":
-            code, _, sig = words[2].partition(" ")
-            return {"op": "exit", "id": int(words[1]), "code": int(code), "signal": int(sig or 0) or None}
-        if words[0] == "error":
-            return {"op": "error", "id": int(words[1]), "error": words[2] if len(words) > 2 else ""}
-    except (IndexError, ValueError):
-        pass
-    return {"op": "unknown"}
-
-
-def _is_under(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
+# ------------------------------------------------------------------------------------------- pipes
 async def _drain(fd: int, buffer: bytearray) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -858,139 +916,3 @@ async def _finish_readers(readers: list[asyncio.Task[None]], grace_s: float) -> 
     for task in pending:  # a background process still holds the pipe: keep what came so far
         task.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
-
-
-def _disk_usage(root: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + dirnames:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
-def _open_dir_beneath(root: Path, parts: Sequence[str], create: bool) -> int:
-    """An fd of root/parts, refusing any symlink on the way (a link could point at a host path)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            try:
-                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                raise PermissionError(f"{'/'.join(parts)}: {part!r} is a symlink or not a folder ({exc.strerror})") from None
-            os.close(fd)
-            fd = next_fd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _split(rel: str) -> list[str]:
-    return [p for p in rel.split("/") if p not in ("", ".")]
-
-
-def _read_beneath(root: Path, rel: str) -> bytes:
-    parts = _split(rel)
-    if not parts:
-        raise IsADirectoryError(f"{rel!r} is the workspace folder, not a file")
-    dir_fd = _open_dir_beneath(root, parts[:-1], create=False)
-    try:
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read {rel!r} in the workspace: {exc.strerror} (symlinks are not followed)") from None
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-def _write_beneath(root: Path, rel: str, data: bytes) -> None:
-    parts = _split(rel)
-    if not parts:
-        raise IsADirectoryError(f"{rel!r} is the workspace folder, not a file")
-    dir_fd = _open_dir_beneath(root, parts[:-1], create=True)
-    try:
-        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-    except OSError as exc:
-        raise PermissionError(f"cannot write {rel!r} in the workspace: {exc.strerror} (symlinks are not followed)") from None
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-
-
-def _list_beneath(root: Path, rel: str) -> list[str]:
-    dir_fd = _open_dir_beneath(root, _split(rel), create=False)
-    found: list[str] = []
-    try:
-        for top, dirs, files, top_fd in os.fwalk(dir_fd=dir_fd):
-            for name in files:
-                found.append(posixpath.normpath(posixpath.join(top, name)))
-            found.extend(posixpath.normpath(posixpath.join(top, d)) for d in dirs if os.path.islink(os.path.join(f"/proc/self/fd/{top_fd}", d)))
-    finally:
-        os.close(dir_fd)
-    return sorted(found)
-
-
-def remove_tree(path: Path) -> None:
-    """rm -rf that also copes with folders a sandboxed command made read-only."""
-
-    def fix_and_retry(func: Any, target: str, _exc: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-        with contextlib.suppress(OSError):
-            func(target)
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=fix_and_retry)
-
-
-# ------------------------------------------------------------------------------------------------- reaper
-def reap_leftovers(root: Path | str | None = None, *, min_age_s: float = 60.0) -> list[str]:
-    """Clean up sandboxes of crashed runs under `root`: kill their processes, remove cgroups and folders.
-
-    A sandbox is a leftover when the process that made it is gone (its pid is dead, or reused by a process
-    started later). Folders without a state file are removed once older than `min_age_s` (a crash during
-    create). Returns the ids removed.
-    """
-    root = Path(root or default_root())
-    if not root.is_dir():
-        return []
-    reaped: list[str] = []
-    for entry in sorted(root.iterdir()):
-        if not entry.is_dir() or not entry.name.startswith("sbx-"):
-            continue
-        state_file = entry / "sandbox.json"
-        try:
-            state = json.loads(state_file.read_text())
-        except (OSError, ValueError):
-            if time.time() - entry.stat().st_mtime > min_age_s:
-                remove_tree(entry)
-                reaped.append(entry.name)
-            continue
-        if _owner_alive(state):
-            continue
-        bwrap_pid = state.get("bwrap_pid")
-        if bwrap_pid:
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(bwrap_pid)
-                if state["id"] in " ".join(proc.cmdline()):
-                    os.killpg(bwrap_pid, signal.SIGKILL)
-        for d in state.get("cgroups", []):
-            SandboxCgroup(Path(d), Path(d), 1).remove()
-        remove_tree(entry)
-        reaped.append(entry.name)
-    return reaped
-
-
-def _owner_alive(state: Mapping[str, Any]) -> bool:
-    try:
-        owner = psutil.Process(int(state["owner_pid"]))
-        return abs(owner.create_time() - float(state["owner_started"])) < 1.0
-    except (psutil.Error, KeyError, ValueError, TypeError):
-        return False

@@ -2,7 +2,8 @@
 bash tool would run it, with the host backend running as root. This module is the list of what is guarded:
 
   * host kernel settings (/proc/sys) cannot be changed from inside;
-  * root inside is an unprivileged uid on the host: host secrets (/etc/shadow) are unreadable;
+  * root inside has no capability (nor any to regain) and the kernel's knobs are read-only; host secrets
+    (/etc/shadow and whatever else under /etc only root may read, /home, /var, the host's /root) are not shown;
   * the answers are not visible: the suite cache, run folders and the rest of the checkout are hidden,
     only the harness CLIs, the Python environment and the code the harness needs are shown (read-only);
   * leftover agent processes cannot touch verification: every process of the agent is killed and its
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.interfaces import SandboxLimits, VerifyContext
-from clawgym_env.rollout import _verify as verify_stage
+from clawgym_env.rollout import verify_stage
 from clawgym_env.sandbox.local import LocalSandboxBackend
 from clawgym_env.specs import EnvOptions, TaskSpec, WorkspaceSpec
 from verifiers.files import AnswerMatches, FileChecksVerifier, TextMatches
@@ -66,14 +67,23 @@ async def test_proc_sys_is_read_only(backend: LocalSandboxBackend) -> None:
             path.write_text(before)
 
 
-async def test_root_inside_is_not_host_root(backend: LocalSandboxBackend) -> None:
+async def test_root_inside_has_no_host_powers_and_no_host_secrets(backend: LocalSandboxBackend) -> None:
     async with await backend.create(make_task()) as box:
         shadow = await box.exec("cat /etc/shadow")
-        uid_map = (await box.exec("cat /proc/self/uid_map")).stdout.split()
-        sysrq = await box.exec("test -w /proc/sysrq-trigger && echo WRITABLE")  # only asks; never writes it
+        caps = (await box.exec("grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")).stdout.split()
+        knobs = await box.exec("for f in /proc/sysrq-trigger /proc/sys/vm/drop_caches /proc/sys/kernel/core_pattern; "
+                               "do test -w $f && echo WRITABLE $f; done; true")  # only asks; never writes them
+        host_home = await box.exec("ls -A /home /var /srv 2>/dev/null")
+        in_root = set((await box.exec("ls -A /root")).stdout.split())
+        kcore = await box.exec("head -c 1 /proc/kcore | wc -c")
     assert shadow.exit_code != 0 and "root:" not in shadow.stdout
-    assert uid_map[:1] == ["0"] and uid_map[1] != "0", uid_map  # root inside is another uid outside
-    assert "WRITABLE" not in sysrq.stdout
+    assert caps[1::2] == ["0000000000000000"] * 3, caps  # no capability at all, nor any to regain
+    assert "WRITABLE" not in knobs.stdout, knobs.stdout
+    assert host_home.stdout.strip() == "", host_home.stdout
+    # HOME (/root) is the sandbox's own: only the workspace's and the shown Python's mount points are in it
+    allowed = {Path(p).parts[2] for p in [*map(str, backend.auto_binds), box.workspace_path] if p.startswith("/root/")}
+    assert in_root <= allowed, in_root - allowed
+    assert kcore.stdout.strip() == "0"
 
 
 async def test_answers_and_other_checkout_folders_are_hidden(backend: LocalSandboxBackend) -> None:
@@ -162,12 +172,10 @@ async def test_stolen_control_socket_cannot_answer_the_verifier(backend: LocalSa
     task = make_task(verifier=ScriptVerifier("echo 0.0", timeout_s=20))
     async with await backend.create(task) as box:
         await box.write_file("steal.py", STEAL_CONTROL)
-        started = await box.exec(["python3", "steal.py"], timeout_s=10)
-        assert started.exit_code == 0, started.stderr
-        await asyncio.sleep(0.3)
-        stolen = await box.exec("cat /tmp/stolen", timeout_s=2)
+        await box.exec("setsid python3 steal.py >/dev/null 2>&1 </dev/null &", timeout_s=5)
+        await asyncio.sleep(1.0)  # the thief has the socket and the init is stopped
         verdict = await verify(box, task, tmp_path)
-    assert verdict.reward == 0.0, (verdict, stolen)
+    assert verdict.error is None and verdict.reward == 0.0, verdict
 
 
 async def test_agent_processes_are_gone_before_the_verifier_runs(backend: LocalSandboxBackend, tmp_path: Path) -> None:
@@ -240,7 +248,7 @@ async def test_a_fifo_cannot_freeze_the_event_loop(backend: LocalSandboxBackend)
         with pytest.raises(OSError):
             await asyncio.wait_for(box.read_file("answer.txt"), 3)
         ticker.cancel()
-        assert time.monotonic() - started < 2 and ticks > 0
+        assert time.monotonic() - started < 2
         assert (await box.exec("cat reward/reward.sh")).stdout == "echo 1.0"  # replaced by a regular file
 
 
@@ -248,7 +256,7 @@ async def test_a_fifo_cannot_freeze_the_event_loop(backend: LocalSandboxBackend)
 async def test_disk_limit_holds_for_leftover_writers_and_bursts(backend: LocalSandboxBackend) -> None:
     limits = SandboxLimits(workspace_mb=8, memory_mb=1024)
     async with await backend.create(make_task(), limits=limits) as box:
-        burst = await box.exec("dd if=/dev/zero of=burst bs=1M count=40 2>&1; sync")
+        burst = await box.exec("dd if=/dev/zero of=burst bs=1M count=40 2>&1")
         assert burst.exit_code != 0 and burst.killed_reason == "disk", burst
         await box.exec("rm -f burst")
         left = await box.exec("setsid sh -c 'sleep 0.1; dd if=/dev/zero of=late bs=1M count=70' >/dev/null 2>&1 </dev/null &")
