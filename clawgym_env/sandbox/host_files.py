@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import posixpath
 import shutil
@@ -102,6 +103,8 @@ def read_beneath(root: Path, rel: str) -> bytes:
     except FileNotFoundError:
         raise FileNotFoundError(f"cannot read {rel!r} in the workspace: no such file") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileNotFoundError(f"cannot read {rel!r} in the workspace: it is a link (symlinks are not followed)") from None
         raise OSError(f"cannot read {rel!r} in the workspace: {exc.strerror or exc} (links are not followed, "
                       "only regular files are read)") from None
     finally:

@@ -272,6 +272,7 @@ class LocalSandboxBackend:
         sandbox = LocalSandbox(self, sandbox_id, host_dir, mount_path, limits, proxy)
         self._sandboxes.add(sandbox)
         _LIVE.add(sandbox)
+        sandbox._prepare_workspace()  # before seeding: the tmpfs would hide what was written under it
         return sandbox
 
     # ------------------------------------------------------------------ warm pool
