@@ -179,6 +179,7 @@ class LocalSandboxBackend:
     """
 
     name = "local"
+    sandbox_class: type[LocalSandbox]  # set below the class; a benchmark may swap in a variant
 
     def __init__(
         self,
@@ -269,7 +270,7 @@ class LocalSandboxBackend:
         sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
         host_dir = self.root / sandbox_id
         (host_dir / "workspace").mkdir(parents=True)
-        sandbox = LocalSandbox(self, sandbox_id, host_dir, mount_path, limits, proxy)
+        sandbox = self.sandbox_class(self, sandbox_id, host_dir, mount_path, limits, proxy)
         self._sandboxes.add(sandbox)
         _LIVE.add(sandbox)
         sandbox._prepare_workspace()  # before seeding: the tmpfs would hide what was written under it
@@ -917,3 +918,6 @@ async def _finish_readers(readers: list[asyncio.Task[None]], grace_s: float) -> 
     for task in pending:  # a background process still holds the pipe: keep what came so far
         task.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
+
+
+LocalSandboxBackend.sandbox_class = LocalSandbox
