@@ -184,7 +184,7 @@ async def harness_stage(adapter: HarnessAdapter, ctx: HarnessContext, proxy: Ser
     try:
         # The adapter enforces the wall-time limit itself; this outer guard catches a hung adapter.
         result = await asyncio.wait_for(adapter.run(ctx), timeout=timeout_s + 30)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise StageFailed("timeout", f"harness adapter did not return within {timeout_s + 30:.0f} s") from None
     except Exception as exc:  # noqa: BLE001
         raise StageFailed("harness", f"{exc!r}\n{traceback.format_exc(limit=3)}") from exc

@@ -24,7 +24,13 @@ from typing import Any, Literal
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from clawgym_env.specs import check_relative_path
 from verifiers.answer import match_answer, normalize_text
-from verifiers.base import BaseVerifier, VerifierConfigError, check_weights, host_workspace, weighted_mean
+from verifiers.base import (
+    BaseVerifier,
+    VerifierConfigError,
+    check_weights,
+    host_workspace,
+    weighted_mean,
+)
 
 
 def refuse_outside(workspace: Path, target: Path) -> str | None:

@@ -40,9 +40,7 @@ class DownloadReport(BaseModel):
 def mount_workspace(path: Path, size_mb: int) -> bool:
     """Mount a tmpfs of `size_mb` (nosuid, nodev) on `path`; False where this process may not mount."""
     options = f"size={size_mb}m,mode=0755".encode()
-    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options) == 0:
-        return True
-    return False
+    return _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options) == 0
 
 
 def unmount_workspace(path: Path) -> None:
