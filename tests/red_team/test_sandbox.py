@@ -9,6 +9,7 @@ bash tool would run it, with the host backend running as root. This module is th
   * leftover agent processes cannot touch verification: every process of the agent is killed and its
     cgroup checked empty before the verifier's files are copied in, and the verifier runs in a restarted
     sandbox whose control channel the agent never had (FIFO swap, stolen control socket, rewrite loop);
+    the C init is not dumpable, so its control socket cannot be taken (pidfd_getfd) while the agent runs;
   * the downloaded workspace keeps no link out of itself, no setuid bit, no FIFO/socket/device, and
     host-side checks read through no-follow opens;
   * a FIFO in the workspace cannot freeze the host's event loop (read_file / write_file);
@@ -176,6 +177,28 @@ async def test_stolen_control_socket_cannot_answer_the_verifier(backend: LocalSa
         await asyncio.sleep(1.0)  # the thief has the socket and the init is stopped
         verdict = await verify(box, task, tmp_path)
     assert verdict.error is None and verdict.reward == 0.0, verdict
+
+
+TRY_STEAL = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/run/clawgym/init\0"):
+        fd_number = int(open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1])
+        pidfd = libc.syscall(434, int(pid), 0)
+        got = libc.syscall(438, pidfd, fd_number, 0)
+        print("STOLEN" if got >= 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+async def test_the_c_init_control_socket_cannot_be_taken_while_the_agent_runs(backend: LocalSandboxBackend) -> None:
+    if backend.init_kind != "c":
+        pytest.skip("only the C init makes itself non-dumpable (no compiler here)")
+    async with await backend.create(make_task()) as box:
+        result = await box.exec(["python3", "-c", TRY_STEAL])
+        fds = await box.exec("for f in /proc/2/fd/*; do readlink $f; done 2>&1; true")  # pid 2: the init
+    assert result.stdout.strip() == "Operation not permitted", result
+    assert "socket:" not in fds.stdout, fds.stdout  # its fds cannot be opened or resolved either
 
 
 async def test_agent_processes_are_gone_before_the_verifier_runs(backend: LocalSandboxBackend, tmp_path: Path) -> None:
