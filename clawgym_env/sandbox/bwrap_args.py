@@ -52,7 +52,8 @@ def shown_host_paths() -> list[Path]:
 def hidden_roots(extra: Iterable[Path]) -> list[Path]:
     """Host folders whose top folder is not shown at all: the checkout (and the checkout a worktree
     belongs to), the cache, and `extra` (the sandboxes' root, run folders)."""
-    roots = [REPO, cache_dir(), *extra]
+    is_checkout = (REPO / "pyproject.toml").is_file() or (REPO / ".git").exists()  # not an installed package
+    roots = [*([REPO] if is_checkout else []), cache_dir(), *extra]
     git = REPO / ".git"
     if git.is_file():  # a worktree: .git names <main checkout>/.git/worktrees/<name>
         text = git.read_text().strip()
