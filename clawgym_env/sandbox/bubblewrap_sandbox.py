@@ -135,6 +135,8 @@ class LocalSandbox:
         for host_path, inside in b.ro_binds.items():
             args += ["--ro-bind", host_path, inside]
         hidden = list(b.hidden_paths)
+        if self._proxy is not None and self._proxy.unix_socket is not None:  # other rollouts' sockets may sit there
+            hidden.append(Path(self._proxy.unix_socket).absolute().parent)
         for path in hidden:  # after the binds, so a hidden folder inside a bound one stays hidden
             if path.exists() and self._visible_inside(path):
                 args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]

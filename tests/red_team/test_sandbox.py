@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -94,7 +95,7 @@ async def test_answers_and_other_checkout_folders_are_hidden(backend: LocalSandb
         runs = await box.exec(f"ls -A {REPO}/runs {cache.parent}/runs")
         tests = await box.exec(f"ls -A {REPO}/tests {REPO}/benchmarks")
         harness = await box.exec(f"ls {cache}/harnesses")
-        python = await box.exec([os.path.realpath(os.sys.executable), "-c", "import pydantic; print('ok')"])
+        python = await box.exec([os.path.realpath(sys.executable), "-c", "import pydantic; print('ok')"])
     assert suites.stdout.strip() == "" and runs.stdout.strip() == "" and tests.stdout.strip() == ""
     if (cache / "harnesses").is_dir():
         assert harness.exit_code == 0 and harness.stdout.strip(), harness.stderr  # what the harness needs stays
