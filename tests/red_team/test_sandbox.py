@@ -9,7 +9,7 @@ bash tool would run it, with the host backend running as root. This module is th
   * leftover agent processes cannot touch verification: every process of the agent is killed and its
     cgroup checked empty before the verifier's files are copied in, and the verifier runs in a restarted
     sandbox whose control channel the agent never had (FIFO swap, stolen control socket, rewrite loop);
-    the C init is not dumpable, so its control socket cannot be taken (pidfd_getfd) while the agent runs;
+    the init is not dumpable, so its control socket cannot be taken (pidfd_getfd) while the agent runs;
   * the downloaded workspace keeps no link out of itself, no setuid bit, no FIFO/socket/device, and
     host-side checks read through no-follow opens;
   * a FIFO in the workspace cannot freeze the host's event loop (read_file / write_file);
@@ -184,20 +184,27 @@ TRY_STEAL = r"""
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 for pid in os.listdir("/proc"):
-    if pid.isdigit() and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/run/clawgym/init\0"):
-        fd_number = int(open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1])
-        pidfd = libc.syscall(434, int(pid), 0)
-        got = libc.syscall(438, pidfd, fd_number, 0)
-        print("STOLEN" if got >= 0 else os.strerror(ctypes.get_errno()))
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    if argv[0] == b"/run/clawgym/init":  # the C init: <control fd> is its first argument
+        fd_number = int(argv[1])
+    elif argv[0].endswith(b"python3") and b"-c" in argv and b"CONTROL" in argv[argv.index(b"-c") + 1]:
+        fd_number = int(argv[argv.index(b"-c") + 2])  # the Python init (bwrap's own argv names it too)
+    else:
+        continue
+    pidfd = libc.syscall(434, int(pid), 0)
+    got = libc.syscall(438, pidfd, fd_number, 0)
+    print("STOLEN" if got >= 0 else os.strerror(ctypes.get_errno()))
 """
 
 
-async def test_the_c_init_control_socket_cannot_be_taken_while_the_agent_runs(backend: LocalSandboxBackend) -> None:
-    if backend.init_kind != "c":
-        pytest.skip("only the C init makes itself non-dumpable (no compiler here)")
-    async with await backend.create(make_task()) as box:
-        result = await box.exec(["python3", "-c", TRY_STEAL])
-        fds = await box.exec("for f in /proc/2/fd/*; do readlink $f; done 2>&1; true")  # pid 2: the init
+@pytest.mark.parametrize("init", ["c", "python"])
+async def test_the_init_control_socket_cannot_be_taken_while_the_agent_runs(tmp_path: Path, init: str) -> None:
+    async with LocalSandboxBackend(root=tmp_path / "sandboxes", init=init) as backend:
+        async with await backend.create(make_task()) as box:
+            result = await box.exec(["python3", "-c", TRY_STEAL])
+            fds = await box.exec("for f in /proc/2/fd/*; do readlink $f; done 2>&1; true")  # pid 2: the init
     assert result.stdout.strip() == "Operation not permitted", result
     assert "socket:" not in fds.stdout, fds.stdout  # its fds cannot be opened or resolved either
 
