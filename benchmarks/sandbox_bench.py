@@ -49,7 +49,7 @@ class MainArgsSandbox(LocalSandbox):
     def _prepare_workspace(self) -> None:
         self._quota = False  # no tmpfs: the disk limit is polled, as before
 
-    def _bwrap_args(self, init_fd: int) -> list[str]:
+    def _bwrap_args(self) -> list[str]:
         b = self._backend
         args = ["--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
                 "--disable-userns", "--cap-drop", "ALL", "--hostname", self.id, "--die-with-parent", "--new-session",

@@ -122,7 +122,7 @@ class LocalSandbox:
         self.last_download: DownloadReport | None = None
 
     # ------------------------------------------------------------------ start
-    def _bwrap_args(self, init_fd: int) -> list[str]:
+    def _bwrap_args(self) -> list[str]:
         """bwrap's options (they go through a memfd, see bwrap_args.py); the init's argv follows them."""
         b = self._backend
         args = ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--disable-userns", "--cap-drop", "ALL",
@@ -184,7 +184,7 @@ class LocalSandbox:
             self._cgroup = SandboxCgroup.create(f"clawgym-{self.id}", self.limits.memory_mb, self.limits.max_processes)
         host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control = host_end
-        options_fd = bwrap_args.args_memfd(self._bwrap_args(init_end.fileno()))
+        options_fd = bwrap_args.args_memfd(self._bwrap_args())
         args = [self._backend.bwrap, "--args", str(options_fd), *self._init_argv(init_end.fileno())]
         procs = [str(f) for f in self._cgroup.procs_files] if self._cgroup is not None else []
         if procs:  # join the cgroup before bwrap starts, so every descendant is in it
