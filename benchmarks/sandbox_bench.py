@@ -165,11 +165,11 @@ async def main() -> None:
                 for label, backend in backends:
                     box_times[label].append(await timed_sandbox(backend, task, argv))
             bare = statistics.median(bare_times)
-            bare_rate = await rate_of(lambda: bare_cycle(task, argv), args.rounds * 2, args.concurrency)
+            bare_rate = await rate_of(lambda argv=argv: bare_cycle(task, argv), args.rounds * 2, args.concurrency)
             for label, backend in backends:
                 returned = statistics.median(t for t, _ in box_times[label])
                 removed = statistics.median(t for _, t in box_times[label])
-                box_rate = await rate_of(lambda: sandbox_cycle(backend, task, argv), args.rounds * 2,
+                box_rate = await rate_of(lambda b=backend, a=argv: sandbox_cycle(b, task, a), args.rounds * 2,
                                          args.concurrency, settle=backend.settle)
                 print(f"{name:8} {label:18} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
                       f"{ms(removed, 9)} {removed / bare:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}")
