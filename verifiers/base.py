@@ -51,6 +51,9 @@ async def host_workspace(ctx: VerifyContext) -> AsyncIterator[Path]:
     if ctx.workspace_dir is not None:
         yield Path(ctx.workspace_dir)
         return
+    end_agent = getattr(ctx.sandbox, "end_agent_processes", None)
+    if end_agent is not None:  # nothing the agent left running may change the workspace while it is copied
+        await end_agent()
     tmp = Path(tempfile.mkdtemp(prefix="clawgym-verify-"))
     try:
         yield Path(await ctx.sandbox.download_workspace(tmp / "workspace"))

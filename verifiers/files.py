@@ -8,11 +8,14 @@ reason), not a verifier error. `FileChecksVerifier` runs a list of checks as nam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
+import os
 import re
 import sqlite3
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +24,29 @@ from typing import Any, Literal
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from clawgym_env.specs import check_relative_path
 from verifiers.answer import match_answer, normalize_text
-from verifiers.base import BaseVerifier, VerifierConfigError, check_weights, host_workspace, weighted_mean
+from verifiers.base import (
+    BaseVerifier,
+    VerifierConfigError,
+    check_weights,
+    host_workspace,
+    weighted_mean,
+)
+
+
+def refuse_outside(workspace: Path, target: Path) -> str | None:
+    """Why `target` may not be read (a link leading out of the workspace, or not a regular file), or None.
+
+    The checks open files by path, so the path must resolve inside the workspace to a regular file: a link
+    to a host file must not be read, and a FIFO would block the reader forever.
+    """
+    root = os.path.realpath(workspace)
+    real = os.path.realpath(target)
+    if real != root and not real.startswith(root + os.sep):
+        return "is a link that leads out of the workspace; not read"
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            return "is not a regular file (a folder, FIFO, socket or device); not read"
+    return None
 
 
 @dataclass
@@ -73,6 +98,9 @@ class FileCheck:
 
     def run(self, workspace: Path) -> CheckOutcome:
         target = self._file(workspace)
+        refused = refuse_outside(Path(workspace), target)
+        if refused:
+            return _fail(f"{self.path} {refused}")
         if not target.is_file():
             return _fail(f"{self.path} does not exist")
         try:

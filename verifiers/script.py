@@ -53,7 +53,9 @@ class ScriptVerifier(BaseVerifier):
 
     `files` (relative path -> content) and/or `files_dir` (a host folder) are copied into the sandbox
     under `<workspace>/<files_dest>` first: that is how ClawGym's `reward/` folder arrives only after
-    the agent has finished, so the agent never sees the checker.
+    the agent has finished, so the agent never sees the checker. Where the sandbox can
+    (`end_agent_processes`, the local backend), every process the agent left is killed and a fresh init
+    started before the files are copied in, so no leftover can swap, rewrite or answer for the checker.
     """
 
     def __init__(
@@ -96,6 +98,9 @@ class ScriptVerifier(BaseVerifier):
         sandbox = ctx.sandbox
         if sandbox is None:
             raise VerifierConfigError("ScriptVerifier needs the task's sandbox (ctx.sandbox is None)")
+        end_agent = getattr(sandbox, "end_agent_processes", None)
+        if end_agent is not None:  # nothing the agent left running may touch the checker or answer for it
+            await end_agent()
         workspace = sandbox.workspace_path
         dest_root = posixpath.join(workspace, self.files_dest) if self.files_dest else workspace
         for rel, data in self._files_to_copy().items():

@@ -8,7 +8,7 @@ It holds the sandbox's namespaces, and
   * relays 127.0.0.1:<port> inside the sandbox to the serving proxy's Unix socket bound at /run/clawgym/.
 argv: <control fd> <rlimits "name=value,..."> [<relay port> <relay socket>]. sandbox_init.c is the same
 program in C (same arguments and protocol), used where a C compiler is available since it starts ~15 ms
-faster; this one is the fallback. Only low-level modules are imported (_socket, _thread ...). When the
+faster; this one is the fallback. Only low-level modules are imported (_socket, _thread ...; ctypes once). When the
 control socket closes (host gone or sandbox destroyed) this process exits, and bubblewrap kills everything
 left in the PID namespace. This file is read as text and given to `python -c`; stdlib only.
 """
@@ -148,8 +148,20 @@ def kill(request_id):
             pass
 
 
+def not_dumpable():
+    """A command (same uid, no capabilities) must not ptrace this process or take the control socket
+    with pidfd_getfd; exec resets this for the commands. ctypes costs ~5 ms of start-up, worth it here."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
 def main():
     global CONTROL
+    not_dumpable()
     os.set_inheritable(int(sys.argv[1]), False)  # commands must not get the control socket
     CONTROL = socket.socket(fileno=int(sys.argv[1]))
     apply_limits(sys.argv[2])

@@ -149,7 +149,8 @@ async def test_read_write_list_and_download(backend: LocalSandboxBackend, tmp_pa
         await box.exec("echo result > out.txt && ln -s /etc/passwd link_to_host")
         dest = await box.download_workspace(tmp_path / "final")
         assert (dest / "out.txt").read_text() == "result\n"
-        assert (dest / "link_to_host").is_symlink()  # copied as a link, never followed
+        assert not (dest / "link_to_host").is_symlink()  # a link out of the workspace is not copied
+        assert box.last_download.skipped == {"link_to_host": "link out of the workspace"}
         for bad in ("/etc/passwd", "../../etc/passwd", "/root/other"):
             with pytest.raises(PermissionError, match="outside the sandbox's workspace"):
                 await box.read_file(bad)
