@@ -94,17 +94,19 @@ async def test_logprobs_match_teacher_forcing(engine, hf_model, chat_prompt):
 @pytest.mark.vllm
 @needs_vllm
 @pytest.mark.asyncio(loop_scope="module")
-async def test_prefix_cache_serves_the_previous_turn(engine, chat_prompt):
-    first = await engine.generate(chat_prompt + [13], SamplingParams(max_tokens=40, seed=2))
+async def test_prefix_cache_serves_the_previous_turn(engine, qwen_tok):
+    text = "Read the files in the workspace and summarise each one. " * 30
+    turn1 = qwen_tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False)
+    first = await engine.generate(turn1, SamplingParams(max_tokens=20, seed=2))
     before = engine.stats.cached_prompt_tokens
-    turn2 = chat_prompt + [13] + first.token_ids + [198, 151644, 872, 198]
+    turn2 = turn1 + first.token_ids + [198, 151644, 872, 198]
     await engine.generate(turn2, SamplingParams(max_tokens=4, seed=3))
     hit = engine.stats.cached_prompt_tokens - before
-    # vLLM caches whole KV blocks (16 tokens on CPU): every full block of the first request's prompt +
-    # completion is reused, the partial last block is recomputed.
+    # vLLM caches whole KV blocks (128 tokens on CPU): every full block of the first call's prompt +
+    # completion is reused by the next turn, the partial last block is recomputed.
     block = engine.llm.vllm_config.cache_config.block_size
-    full = (len(chat_prompt) + 1 + len(first.token_ids) - 1) // block * block
-    assert hit >= min(full, (len(turn2) - 1) // block * block) > 0
+    assert len(turn1) > 2 * block
+    assert hit == (len(turn1) + len(first.token_ids) - 1) // block * block
 
 
 @pytest.mark.vllm
