@@ -196,6 +196,7 @@ class VLLMServerPool:
         self._resume.set()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5))
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._revive_lock = asyncio.Lock()
 
     @classmethod
     def launch(cls, model: str, n: int = 1, *, ready_timeout_s: float = 900.0, **server_options: Any) -> VLLMServerPool:
@@ -245,6 +246,10 @@ class VLLMServerPool:
 
     async def revive(self) -> None:
         """Take back dead servers that answer again (restarted), once their weights are up to date."""
+        async with self._revive_lock:  # concurrent new rollouts probe once
+            await self._revive_unlocked()
+
+    async def _revive_unlocked(self) -> None:
         for slot in self.slots:
             if slot.alive:
                 continue
