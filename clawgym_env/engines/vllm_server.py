@@ -63,6 +63,7 @@ class VLLMServer:
         dtype: str = "auto",
         max_model_len: int | None = None,
         served_model_name: str = "policy",
+        max_batch_size: int | None = None,
         extra_args: Sequence[str] = (),
         log_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
@@ -81,6 +82,8 @@ class VLLMServer:
                     "--worker-extension-cls", "clawgym_env.engines.vllm_engine.ClawGymWorkerExtension"]  # fmt: skip
         if max_model_len:
             self.cmd += ["--max-model-len", str(max_model_len)]
+        if max_batch_size:
+            self.cmd += ["--max-num-seqs", str(max_batch_size)]
         self.cmd += list(extra_args) or self._device_args()
         repo = str(Path(__file__).resolve().parents[2])
         self.env = {
