@@ -50,12 +50,11 @@ def device_defaults(cpu: bool) -> dict[str, Any]:
     On CPU `gpu_memory_utilization` is the share of the machine's RAM vLLM reserves (0.92 by default,
     refused on any shared machine), so the KV cache gets a fixed size instead; an explicit size with eager
     execution also skips vLLM's warm-up pass. Eager mode avoids minutes of torch.compile on a few cores
-    (decode on CPU is bound by the matmuls, not by Python overhead); the "uni" executor runs the model in
-    the engine-core process instead of starting one more worker process. On GPU vLLM's own defaults stand
+    (decode on CPU is bound by the matmuls, not by Python overhead). On GPU vLLM's own defaults stand
     (CUDA graphs, compile cache under `VLLM_CACHE_ROOT`).
     """
     if cpu:
-        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True, "distributed_executor_backend": "uni"}
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True}
     return {}
 
 
@@ -296,3 +295,6 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.llm.shutdown()
+        # AsyncLLM.__del__ shuts down again, at interpreter exit when vLLM's module globals are gone
+        # ("TypeError: 'NoneType' object is not callable"); once is enough.
+        self.llm.shutdown = lambda *args, **kwargs: None  # type: ignore[method-assign]
