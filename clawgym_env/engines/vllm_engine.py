@@ -48,7 +48,7 @@ def device_defaults(cpu: bool) -> dict[str, Any]:
     """Engine arguments that differ between CPU and GPU.
 
     On CPU `gpu_memory_utilization` is the share of the machine's RAM vLLM reserves (0.92 by default,
-    refused on any shared machine), so the KV cache gets a fixed size instead; an explicit size with eager
+    refused on any shared machine), so the KV cache gets a fixed size (`CPU_KV_CACHE_BYTES`) instead; an explicit size with eager
     execution also skips vLLM's warm-up pass. Eager mode avoids minutes of torch.compile on a few cores
     (decode on CPU is bound by the matmuls, not by Python overhead). On GPU vLLM's own defaults stand
     (CUDA graphs, compile cache under `VLLM_CACHE_ROOT`).
@@ -58,9 +58,10 @@ def device_defaults(cpu: bool) -> dict[str, Any]:
     return {}
 
 
-# 256 MiB of KV cache: for a 0.5B Qwen2.5 (24 layers x 2 KV heads x 64 dims x 2 x 4 bytes per token in float32)
-# that is ~21k tokens, enough for 8 concurrent 2k-token rollouts; set `kv_cache_memory_bytes` for more.
-CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+# 1 GiB of KV cache on CPU: Qwen2.5-Coder-0.5B in bfloat16 needs 12 KiB per token (24 layers x K,V x 2 KV heads
+# x 64 dims x 2 bytes), so ~87k tokens: one request at its full 32k context (vLLM refuses to start otherwise)
+# plus 8 concurrent 2k-token rollouts. Pass `kv_cache_memory_bytes` for other models (tests use 64 MiB).
+CPU_KV_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 def vllm_available() -> bool:

@@ -64,6 +64,7 @@ class VLLMServer:
         max_model_len: int | None = None,
         served_model_name: str = "policy",
         max_batch_size: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
         extra_args: Sequence[str] = (),
         log_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
@@ -84,7 +85,7 @@ class VLLMServer:
             self.cmd += ["--max-model-len", str(max_model_len)]
         if max_batch_size:
             self.cmd += ["--max-num-seqs", str(max_batch_size)]
-        self.cmd += list(extra_args) or self._device_args()
+        self.cmd += list(extra_args) or self._device_args(kv_cache_memory_bytes)
         repo = str(Path(__file__).resolve().parents[2])
         self.env = {
             **os.environ,
@@ -96,11 +97,13 @@ class VLLMServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
-    def _device_args() -> list[str]:
+    def _device_args(kv_cache_memory_bytes: int | None) -> list[str]:
         from clawgym_env.engines.vllm_engine import CPU_KV_CACHE_BYTES, on_cpu
 
         if on_cpu():  # see vllm_engine.device_defaults
-            return ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), "--enforce-eager"]
+            return ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES), "--enforce-eager"]
+        if kv_cache_memory_bytes:
+            return ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
         return []
 
     def start(self) -> VLLMServer:

@@ -30,6 +30,8 @@ MODEL = "tiny-qwen3-h64"  # head_dim 64: a head size vLLM's CPU attention suppor
 # logprobs differ by ~0.1 (the issue measured 0.09 on Qwen2.5-Coder-0.5B); 0.25 keeps the check meaningful.
 LOGPROB_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
 
+KV_BYTES = 64 * 2**20  # tiny-qwen3-h64 needs 1 KiB of float32 KV per token: 64k tokens
+
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING)
 
 
@@ -57,7 +59,7 @@ def test_missing_vllm_says_how_to_install():
 # ------------------------------------------------------------------------------------------- live vLLM
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    eng = VLLMEngine(MODEL, dtype="float32", max_model_len=1024, seed=0)
+    eng = VLLMEngine(MODEL, dtype="float32", max_model_len=1024, seed=0, kv_cache_memory_bytes=KV_BYTES)
     yield eng
     eng.close()
 

@@ -29,7 +29,9 @@ FLOAT32_TOLERANCE = 1e-4  # as for the in-process engine (test_vllm_engine.LOGPR
 async def pool(tmp_path_factory):
     from clawgym_env.engines.vllm_server import VLLMServerPool
 
-    p = await asyncio.to_thread(VLLMServerPool.launch, MODEL, 2, dtype="float32", max_model_len=1024)
+    p = await asyncio.to_thread(
+        VLLMServerPool.launch, MODEL, 2, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 * 2**20
+    )
     p.checkpoint_dir = tmp_path_factory.mktemp("weights")
     yield p
     await p.aclose()
