@@ -121,10 +121,12 @@ class ClawGymWorkerExtension:
         return int(getattr(self, "clawgym_policy_version", 0))
 
 
-def dedup_tied(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+def dedup_tied(state_dict: Mapping[str, Any], dtype: Any = None) -> dict[str, Any]:
     """Contiguous CPU tensors, each storage once: tied weights (embedding = lm_head) keep their first name.
 
     safetensors refuses tensors that share memory, and vLLM ties the head to the embedding itself.
+    `dtype` casts floating-point tensors to the engine's dtype (a float32 trainer feeding a bfloat16
+    engine sends half the bytes; vLLM would cast them on load anyway).
     """
     out: dict[str, Any] = {}
     seen: set[tuple[int, tuple[int, ...]]] = set()
@@ -133,15 +135,18 @@ def dedup_tied(state_dict: Mapping[str, Any]) -> dict[str, Any]:
         if key in seen:
             continue
         seen.add(key)
-        out[name] = tensor.detach().to("cpu").contiguous()
+        tensor = tensor.detach().to("cpu")
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        out[name] = tensor.contiguous()
     return out
 
 
-def state_dict_blob(state_dict: Mapping[str, Any]) -> bytes:
+def state_dict_blob(state_dict: Mapping[str, Any], dtype: Any = None) -> bytes:
     """The tensors as one safetensors blob."""
     from safetensors.torch import save
 
-    return save(dedup_tied(state_dict))
+    return save(dedup_tied(state_dict, dtype))
 
 
 @dataclass
@@ -272,7 +277,7 @@ class VLLMEngine:
         try:
             await self._idle.wait()
             started = time.perf_counter()
-            blob = await asyncio.to_thread(state_dict_blob, state_dict)
+            blob = await asyncio.to_thread(state_dict_blob, state_dict, self.llm.model_config.dtype)
             await self.llm.collective_rpc("clawgym_load_weights", args=(blob, version))
             await self.llm.reset_prefix_cache()
             self.policy_version = version
