@@ -11,11 +11,11 @@ machine). vLLM starts worker processes, so scripts that build this engine must d
 - Automatic prefix caching (`enable_prefix_caching=True`) reuses a rollout's shared prompt prefix.
 - Weight updates (in-process): the worker extension `ClawGymWorkerExtension` is installed into every
   vLLM worker (`worker_extension_cls`); `update_weights` pauses new requests, waits for in-flight
-  ones, sends the named tensors with `AsyncLLM.collective_rpc("clawgym_load_weights", ...)` (each worker
-  calls `self.model_runner.model.load_weights(weights)`), resets the prefix cache (its KV came from the
-  old weights) and bumps `policy_version`. For large models on GPUs, replace the RPC payload by a
-  NCCL broadcast from the trainer (vLLM's RLHF examples) or a shared-disk checkpoint +
-  `collective_rpc("reload_weights")`; the pause/reset/version steps stay the same.
+  ones, writes the tensors to a safetensors file and has every worker load it with
+  `AsyncLLM.collective_rpc("clawgym_load_weights_from_file", ...)` (vLLM's in-place `reload_weights`),
+  resets the prefix cache (its KV came from the old weights) and bumps `policy_version`. For large
+  models on GPUs, replace the file by an NCCL broadcast from the trainer (vLLM's RLHF examples); the
+  pause/reset/version steps stay the same.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -91,8 +92,10 @@ def vllm_sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
 class ClawGymWorkerExtension:
     """Mixed into each vLLM worker (`worker_extension_cls`): loads weights sent by the trainer.
 
-    Weights travel as one safetensors blob (in-process: bytes through `collective_rpc`) or as the path of
-    a safetensors file on a shared disk (servers: `/collective_rpc` only passes strings). Sending
+    Weights travel as a safetensors file (the in-process engine writes it to a temporary folder, servers
+    read it from a disk they share with the trainer: `/collective_rpc` only passes strings); the worker
+    memory-maps it. A file rather than bytes through `collective_rpc`: a 0.5B model's blob was copied
+    several times on its way (serialization, ZMQ) and the main job ran out of memory. Sending
     `(name, tensor)` pairs through `collective_rpc` does not work: its msgpack encoding has no type
     information for them, so each tensor arrives as a raw `[dtype, shape, buffer]` list and vLLM's
     `load_weights` fails ("'list' object has no attribute 'shard_id'"). `load_weights` takes Hugging
@@ -106,11 +109,6 @@ class ClawGymWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
         self.clawgym_policy_version = int(version)
         return len(tensors)
-
-    def clawgym_load_weights(self, blob: bytes, version: int) -> int:
-        from safetensors.torch import load
-
-        return self._clawgym_load(load(blob), version)
 
     def clawgym_load_weights_from_file(self, path: str, version: str) -> int:
         from safetensors.torch import load_file
@@ -142,11 +140,13 @@ def dedup_tied(state_dict: Mapping[str, Any], dtype: Any = None) -> dict[str, An
     return out
 
 
-def state_dict_blob(state_dict: Mapping[str, Any], dtype: Any = None) -> bytes:
-    """The tensors as one safetensors blob."""
-    from safetensors.torch import save
+def save_weights(state_dict: Mapping[str, Any], path: str | os.PathLike[str], dtype: Any = None) -> None:
+    """Write the tensors as a safetensors file, atomically (readers never see a partial file)."""
+    from safetensors.torch import save_file
 
-    return save(dedup_tied(state_dict, dtype))
+    tmp = f"{path}.partial"
+    save_file(dedup_tied(state_dict, dtype), tmp)
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -213,6 +213,7 @@ class VLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aborted: set[str] = set()
         self.stats = VLLMEngineStats()
+        self._weights_dir = tempfile.TemporaryDirectory(prefix="clawgym-vllm-weights-")
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -277,8 +278,12 @@ class VLLMEngine:
         try:
             await self._idle.wait()
             started = time.perf_counter()
-            blob = await asyncio.to_thread(state_dict_blob, state_dict, self.llm.model_config.dtype)
-            await self.llm.collective_rpc("clawgym_load_weights", args=(blob, version))
+            path = os.path.join(self._weights_dir.name, f"policy-v{version}.safetensors")
+            await asyncio.to_thread(save_weights, state_dict, path, self.llm.model_config.dtype)
+            try:
+                await self.llm.collective_rpc("clawgym_load_weights_from_file", args=(path, str(version)))
+            finally:
+                os.unlink(path)
             await self.llm.reset_prefix_cache()
             self.policy_version = version
             self.stats.weight_updates += 1
@@ -304,3 +309,4 @@ class VLLMEngine:
         # AsyncLLM.__del__ shuts down again, at interpreter exit when vLLM's module globals are gone
         # ("TypeError: 'NoneType' object is not callable"); once is enough.
         self.llm.shutdown = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        self._weights_dir.cleanup()

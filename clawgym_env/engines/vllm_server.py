@@ -331,18 +331,14 @@ class VLLMServerPool:
     # ---------------------------------------------------------------------------------------- weights
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Write one checkpoint, load it into every live server, reset their prefix caches, bump the version."""
-        from safetensors.torch import save_file
-
-        from clawgym_env.engines.vllm_engine import dedup_tied
+        from clawgym_env.engines.vllm_engine import save_weights
 
         self._resume.clear()
         try:
             await self._idle.wait()
             started = time.perf_counter()
             path = self.checkpoint_dir / f"policy-v{version}.safetensors"
-            tmp = path.with_suffix(".partial")
-            await asyncio.to_thread(save_file, dedup_tied(state_dict), str(tmp))
-            tmp.replace(path)
+            await asyncio.to_thread(save_weights, state_dict, path)
             self.policy_version = version
             old, self.latest_checkpoint = self.latest_checkpoint, path
             live = [s for s in self.slots if s.alive]
