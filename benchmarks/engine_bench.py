@@ -77,7 +77,9 @@ async def bench(args) -> dict:
     prompts = [make_prompt(tokenizer, args.prompt_tokens // 4, salt=i) for i in range(args.concurrency)]
     params = [SamplingParams(max_tokens=args.new_tokens, seed=i, **greedy) for i in range(args.concurrency)]
     serial = TransformersEngine(model, tokenizer, max_batch_size=1, prefix_cache_entries=0, stop_token_ids=no_stop)
-    batched = TransformersEngine(model, tokenizer, max_batch_size=args.concurrency, prefix_cache_entries=0, stop_token_ids=no_stop)
+    batched = TransformersEngine(
+        model, tokenizer, max_batch_size=args.concurrency, prefix_cache_entries=0, stop_token_ids=no_stop
+    )
     _, t_serial = await timed(asyncio.gather(*(serial.generate(p, s) for p, s in zip(prompts, params))))
     _, t_batched = await timed(asyncio.gather(*(batched.generate(p, s) for p, s in zip(prompts, params))))
     total = args.concurrency * args.new_tokens
@@ -91,7 +93,11 @@ async def bench(args) -> dict:
         start = time.perf_counter()
         for turn in range(4):
             g = await engine.generate(p, SamplingParams(max_tokens=args.new_tokens // 2 or 1, seed=turn, **greedy))
-            p = p + g.token_ids + tokenizer.encode(f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n")
+            p = (
+                p
+                + g.token_ids
+                + tokenizer.encode(f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n")
+            )
         return time.perf_counter() - start
 
     t_nocache = await rollout(TransformersEngine(model, tokenizer, prefix_cache_entries=0, stop_token_ids=no_stop))
@@ -172,8 +178,9 @@ async def compare_engines(args) -> dict:
         del veng
 
     t0 = time.perf_counter()
-    pool = await asyncio.to_thread(VLLMServerPool.launch, args.model, 1, dtype="float32", max_model_len=4096,
-                                   max_batch_size=args.concurrency)  # fmt: skip
+    pool = await asyncio.to_thread(
+        VLLMServerPool.launch, args.model, 1, dtype="float32", max_model_len=4096, max_batch_size=args.concurrency
+    )
     results["server_start_s"] = time.perf_counter() - t0
     try:
         wall, made = await rollouts(pool, tokenizer, **work)
@@ -197,7 +204,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--compare-engines", action="store_true", help="transformers vs in-process vLLM vs a vLLM server")
+    parser.add_argument(
+        "--compare-engines", action="store_true", help="transformers vs in-process vLLM vs a vLLM server"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

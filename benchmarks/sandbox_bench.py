@@ -37,7 +37,11 @@ from clawgym_env.specs import TaskSpec
 FILES = {"input.txt": "hello sandbox\n" * 50, "data/numbers.csv": "a,b\n1,2\n3,4\n", "blob.bin": bytes(range(256)) * 16}
 COMMANDS = {
     # what a verifier typically runs: a small python check reading the workspace
-    "python": ["/usr/bin/python3", "-c", "import pathlib; pathlib.Path('out.txt').write_text(pathlib.Path('input.txt').read_text().upper())"],
+    "python": [
+        "/usr/bin/python3",
+        "-c",
+        "import pathlib; pathlib.Path('out.txt').write_text(pathlib.Path('input.txt').read_text().upper())",
+    ],
     # the pure fixed cost: a one-line shell command
     "shell": ["sh", "-c", "wc -l input.txt > out.txt"],
 }
@@ -51,9 +55,28 @@ class MainArgsSandbox(LocalSandbox):
 
     def _bwrap_args(self) -> list[str]:
         b = self._backend
-        args = ["--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-                "--disable-userns", "--cap-drop", "ALL", "--hostname", self.id, "--die-with-parent", "--new-session",
-                "--proc", "/proc", "--dev", "/dev"]
+        args = [
+            "--ro-bind",
+            "/",
+            "/",
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            self.id,
+            "--die-with-parent",
+            "--new-session",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+        ]
         for private in ("/tmp", "/root", "/run"):
             args += ["--size", str(self.limits.workspace_mb * 1024 * 1024), "--tmpfs", private]
         for path in b.auto_binds:  # main bound back only what its private tmpfs hid
@@ -64,7 +87,14 @@ class MainArgsSandbox(LocalSandbox):
             args += ["--ro-bind", str(self._proxy.unix_socket), PROXY_SOCKET_INSIDE]
         if b.init_binary is not None:
             args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
-        return args + ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
+        return args + [
+            "--bind",
+            str(self.workspace_dir),
+            self.workspace_path,
+            "--chdir",
+            self.workspace_path,
+            "--clearenv",
+        ]
 
 
 class MainArgsBackend(LocalSandboxBackend):
@@ -87,8 +117,9 @@ async def bare_cycle(task: TaskSpec, argv: list[str]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="clawgym-bare-"))
     try:
         materialize_workspace(task.workspace, folder)
-        process = await asyncio.create_subprocess_exec(*argv, cwd=folder, stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.PIPE)
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=folder, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
         await process.communicate()
         assert process.returncode == 0
     finally:
@@ -145,13 +176,25 @@ async def main() -> None:
     args = parser.parse_args()
     task = make_task()
     kinds = {"hardened": LocalSandboxBackend, "main": MainArgsBackend}
-    setups = [(f"{init} {'pooled' if pool else 'cold'}{' main' if view == 'main' else ''}", kinds[view], {"init": init, "pool_size": pool})
-              for view in args.views.split(",") for init in args.inits.split(",") for pool in (0, args.pool)]
+    setups = [
+        (
+            f"{init} {'pooled' if pool else 'cold'}{' main' if view == 'main' else ''}",
+            kinds[view],
+            {"init": init, "pool_size": pool},
+        )
+        for view in args.views.split(",")
+        for init in args.inits.split(",")
+        for pool in (0, args.pool)
+    ]
     backends = [(label, kind(**options)) for label, kind, options in setups]
-    print(f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} interleaved rounds, "
-          f"{args.concurrency} concurrent, pools of {args.pool}; load average before: {load()}")
-    print(f"{'command':8} {'sandbox':18} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
-          f"{'bare/s':>7} {'sandboxes/s':>11}")
+    print(
+        f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} interleaved rounds, "
+        f"{args.concurrency} concurrent, pools of {args.pool}; load average before: {load()}"
+    )
+    print(
+        f"{'command':8} {'sandbox':18} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
+        f"{'bare/s':>7} {'sandboxes/s':>11}"
+    )
     try:
         for name, argv in COMMANDS.items():
             bare_times: list[float] = []
@@ -169,10 +212,16 @@ async def main() -> None:
             for label, backend in backends:
                 returned = statistics.median(t for t, _ in box_times[label])
                 removed = statistics.median(t for _, t in box_times[label])
-                box_rate = await rate_of(lambda b=backend, a=argv: sandbox_cycle(b, task, a), args.rounds * 2,
-                                         args.concurrency, settle=backend.settle)
-                print(f"{name:8} {label:18} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
-                      f"{ms(removed, 9)} {removed / bare:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}")
+                box_rate = await rate_of(
+                    lambda b=backend, a=argv: sandbox_cycle(b, task, a),
+                    args.rounds * 2,
+                    args.concurrency,
+                    settle=backend.settle,
+                )
+                print(
+                    f"{name:8} {label:18} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
+                    f"{ms(removed, 9)} {removed / bare:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}"
+                )
         for label, backend in backends:
             if not backend.pool_size:
                 restarts = [await restart_time(backend, task, COMMANDS["shell"]) for _ in range(args.rounds)]

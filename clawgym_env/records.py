@@ -249,7 +249,9 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
                 except orjson.JSONDecodeError:
                     self.torn_lines += 1
                     continue
-                if not isinstance(data, dict) or (self.rollout_id is not None and data.get("rollout_id") != self.rollout_id):
+                if not isinstance(data, dict) or (
+                    self.rollout_id is not None and data.get("rollout_id") != self.rollout_id
+                ):
                     continue
                 try:
                     call = ModelCall.model_validate(data)

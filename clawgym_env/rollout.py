@@ -122,8 +122,12 @@ async def run_rollout(
         sandbox = await _timed(timings, "sandbox_s", open_sandbox_stage(task, backend, proxy, timeout_s))
         ctx = open_route_stage(task, adapter, policy, proxy, sandbox, backend, options, rollout_id, timeout_s)
         route_open = True
-        harness_result, truncated_by = await _timed(timings, "harness_s", harness_stage(adapter, ctx, proxy, options, timeout_s))
-        verdict = await _timed(timings, "verify_s", verify_stage(task, sandbox, harness_result, rollout_id, artifacts_dir, options))
+        harness_result, truncated_by = await _timed(
+            timings, "harness_s", harness_stage(adapter, ctx, proxy, options, timeout_s)
+        )
+        verdict = await _timed(
+            timings, "verify_s", verify_stage(task, sandbox, harness_result, rollout_id, artifacts_dir, options)
+        )
         if verdict.error:
             raise StageFailed("verifier", verdict.error)
     except StageFailed as stop:
@@ -134,8 +138,9 @@ async def run_rollout(
             calls = proxy.close_rollout(rollout_id)
         destroy_failure = await close_sandbox_stage(sandbox)
         failure = failure or destroy_failure
-    return result_stage(task, adapter, rollout_id, calls, failure, verdict, harness_result, truncated_by, options,
-                        timings, t0)
+    return result_stage(
+        task, adapter, rollout_id, calls, failure, verdict, harness_result, truncated_by, options, timings, t0
+    )
 
 
 async def _timed(timings: dict[str, float], name: str, stage: Any) -> Any:
@@ -146,7 +151,9 @@ async def _timed(timings: dict[str, float], name: str, stage: Any) -> Any:
         timings[name] = time.perf_counter() - started
 
 
-async def open_sandbox_stage(task: TaskSpec, backend: SandboxBackend, proxy: RolloutProxy | None, timeout_s: float) -> Any:
+async def open_sandbox_stage(
+    task: TaskSpec, backend: SandboxBackend, proxy: RolloutProxy | None, timeout_s: float
+) -> Any:
     """A sandbox with the backend's limits, its wall time covering this task's timeout."""
     base = getattr(backend, "limits", None) or SandboxLimits()
     limits = base.model_copy(update={"wall_time_s": max(base.wall_time_s, timeout_s + 60)})
@@ -156,14 +163,27 @@ async def open_sandbox_stage(task: TaskSpec, backend: SandboxBackend, proxy: Rol
         raise StageFailed("sandbox", exc) from exc
 
 
-def open_route_stage(task: TaskSpec, adapter: HarnessAdapter, policy: Policy, proxy: RolloutProxy | None, sandbox: Any,
-                     backend: SandboxBackend, options: EnvOptions, rollout_id: str, timeout_s: float) -> HarnessContext:  # fmt: skip
+def open_route_stage(
+    task: TaskSpec,
+    adapter: HarnessAdapter,
+    policy: Policy,
+    proxy: RolloutProxy | None,
+    sandbox: Any,
+    backend: SandboxBackend,
+    options: EnvOptions,
+    rollout_id: str,
+    timeout_s: float,
+) -> HarnessContext:
     """Open the rollout's route on the proxy and build what the harness adapter is given."""
     if proxy is None:
         raise StageFailed("route", "RuntimeError: no serving proxy: every harness reaches the policy through the proxy")
     try:
-        limits = RolloutLimits(max_calls=options.max_calls, max_tokens=options.max_rollout_tokens,
-                               max_new_tokens=options.max_new_tokens, temperature=options.temperature)
+        limits = RolloutLimits(
+            max_calls=options.max_calls,
+            max_tokens=options.max_rollout_tokens,
+            max_new_tokens=options.max_new_tokens,
+            temperature=options.temperature,
+        )
         route = proxy.open_rollout(rollout_id, policy, limits)
     except Exception as exc:  # noqa: BLE001
         raise StageFailed("route", exc) from exc
@@ -172,14 +192,21 @@ def open_route_stage(task: TaskSpec, adapter: HarnessAdapter, policy: Policy, pr
         proxy.close_rollout(rollout_id)
         raise StageFailed("route", f"RuntimeError: sandbox backend {backend.name!r} gave no route to the proxy")
     return HarnessContext(
-        sandbox=sandbox, task=task, base_url=route.base_url(origin) if origin else "", api_key=route.api_key,
-        model_name=policy.name, timeout_s=timeout_s, policy=policy, rollout_id=rollout_id,
+        sandbox=sandbox,
+        task=task,
+        base_url=route.base_url(origin) if origin else "",
+        api_key=route.api_key,
+        model_name=policy.name,
+        timeout_s=timeout_s,
+        policy=policy,
+        rollout_id=rollout_id,
         extra={"options": options.harness_options, "proxy": proxy},
     )
 
 
-async def harness_stage(adapter: HarnessAdapter, ctx: HarnessContext, proxy: RolloutProxy | None,
-                        options: EnvOptions, timeout_s: float) -> tuple[HarnessResult, str | None]:  # fmt: skip
+async def harness_stage(
+    adapter: HarnessAdapter, ctx: HarnessContext, proxy: RolloutProxy | None, options: EnvOptions, timeout_s: float
+) -> tuple[HarnessResult, str | None]:
     """Run the harness; (its result, the budget cap that cut it short if scored anyway)."""
     try:
         # The adapter enforces the wall-time limit itself; this outer guard catches a hung adapter.
@@ -207,17 +234,33 @@ async def close_sandbox_stage(sandbox: Any) -> RolloutFailure | None:
     return None
 
 
-def result_stage(task: TaskSpec, adapter: HarnessAdapter, rollout_id: str, calls: list[ModelCall],
-                 failure: RolloutFailure | None, verdict: VerifierResult | None, harness_result: HarnessResult | None,
-                 truncated_by: str | None, options: EnvOptions, timings: dict[str, float], t0: float) -> RolloutResult:  # fmt: skip
+def result_stage(
+    task: TaskSpec,
+    adapter: HarnessAdapter,
+    rollout_id: str,
+    calls: list[ModelCall],
+    failure: RolloutFailure | None,
+    verdict: VerifierResult | None,
+    harness_result: HarnessResult | None,
+    truncated_by: str | None,
+    options: EnvOptions,
+    timings: dict[str, float],
+    t0: float,
+) -> RolloutResult:
     """Rebuild the forest from the recorded calls (also for a failed rollout, for inspection)."""
     from clawgym_env.trajectory.reconstruct import build_forest
 
     t3 = time.perf_counter()
     reward = verdict.reward if verdict is not None and failure is None else 0.0
     try:
-        forest = build_forest(calls, rollout_id=rollout_id, task_id=task.id, harness=adapter.name,
-                              reward=reward if failure is None else None, options=options.forest)
+        forest = build_forest(
+            calls,
+            rollout_id=rollout_id,
+            task_id=task.id,
+            harness=adapter.name,
+            reward=reward if failure is None else None,
+            options=options.forest,
+        )
     except Exception as exc:  # noqa: BLE001
         forest = TrajectoryForest.failed(rollout_id, f"reconstruction failed: {exc}", task_id=task.id)
         failure = failure or StageFailed("reconstruct", exc).failure
@@ -231,14 +274,23 @@ def result_stage(task: TaskSpec, adapter: HarnessAdapter, rollout_id: str, calls
         if status != "ok":
             failure = RolloutFailure(stage="reconstruct", reason=forest.failure or status)
     return RolloutResult(
-        rollout_id=rollout_id, task_id=task.id, harness=adapter.name, status=status, failure=failure,
-        reward=reward if status == "ok" else 0.0, verifier=verdict, harness_result=harness_result, forest=forest,
-        calls=calls, timings=timings, truncated_by=truncated_by,
+        rollout_id=rollout_id,
+        task_id=task.id,
+        harness=adapter.name,
+        status=status,
+        failure=failure,
+        reward=reward if status == "ok" else 0.0,
+        verifier=verdict,
+        harness_result=harness_result,
+        forest=forest,
+        calls=calls,
+        timings=timings,
+        truncated_by=truncated_by,
     )
 
 
 def budget_cap_hit(proxy: RolloutProxy | None, rollout_id: str) -> str | None:
-    """"call_cap" or "token_cap" when the proxy refused a call of this rollout for its budget, else None.
+    """ "call_cap" or "token_cap" when the proxy refused a call of this rollout for its budget, else None.
 
     A harness reports that refusal as an API error and stops. By default that is a failure (a flooding
     harness is a fault); with `EnvOptions.score_capped` the rollout is truncated instead: the workspace is

@@ -31,7 +31,7 @@ class BaseVerifier:
             if self.timeout_s is None:
                 return await self._verify(ctx)
             return await asyncio.wait_for(self._verify(ctx), timeout=self.timeout_s)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             return VerifierResult.failure(f"{self.name} timed out after {self.timeout_s:g} s")
         except VerifierConfigError as exc:
             return VerifierResult.failure(f"{self.name} is misconfigured: {exc}")

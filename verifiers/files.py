@@ -74,12 +74,16 @@ def values_match(actual: Any, expected: Any, rel_tol: float = 1e-2) -> bool:
     if expected is None:
         return actual is None or str(actual).strip() == ""
     if isinstance(expected, (list, tuple)):
-        return isinstance(actual, (list, tuple)) and len(actual) == len(expected) and all(
-            values_match(a, e, rel_tol) for a, e in zip(actual, expected)
+        return (
+            isinstance(actual, (list, tuple))
+            and len(actual) == len(expected)
+            and all(values_match(a, e, rel_tol) for a, e in zip(actual, expected))
         )
     if isinstance(expected, Mapping):
-        return isinstance(actual, Mapping) and set(map(str, actual)) == set(map(str, expected)) and all(
-            values_match(actual.get(k), v, rel_tol) for k, v in expected.items()
+        return (
+            isinstance(actual, Mapping)
+            and set(map(str, actual)) == set(map(str, expected))
+            and all(values_match(actual.get(k), v, rel_tol) for k, v in expected.items())
         )
     if actual is None:
         return False
@@ -335,8 +339,10 @@ class SqliteQuery(FileCheck):
             ok = values_match(sorted(rows, key=key), sorted(want, key=key), self.rel_tol) or values_match(
                 sorted(map(list, rows), key=key), sorted(map(list, want), key=key), self.rel_tol
             )
-        return _ok(f"query returned the expected {len(want)} rows") if ok else _fail(
-            f"query returned {rows[:5]!r}{'...' if len(rows) > 5 else ''}, expected {want[:5]!r}"
+        return (
+            _ok(f"query returned the expected {len(want)} rows")
+            if ok
+            else _fail(f"query returned {rows[:5]!r}{'...' if len(rows) > 5 else ''}, expected {want[:5]!r}")
         )
 
 
@@ -437,7 +443,9 @@ class FileChecksVerifier(BaseVerifier):
         outcomes = {c.name: c.run(workspace) for c in self.checks}
         scores = {k: o.score for k, o in outcomes.items()}
         lines = [f"{'PASS' if o.passed else 'FAIL'} {k}: {o.detail}" for k, o in outcomes.items()]
-        return VerifierResult(reward=weighted_mean(scores, self.weights), subscores=scores, explanation="\n".join(lines))
+        return VerifierResult(
+            reward=weighted_mean(scores, self.weights), subscores=scores, explanation="\n".join(lines)
+        )
 
     async def _verify(self, ctx: VerifyContext) -> VerifierResult:
         async with host_workspace(ctx) as workspace:

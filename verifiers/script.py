@@ -41,7 +41,9 @@ def parse_reward_output(stdout: str) -> tuple[float, dict[str, float]]:
                 data = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            numeric = {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numeric = {
+                str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             if numeric and all(0.0 <= v <= 1.0 for v in numeric.values()):
                 subscores = numeric
                 break

@@ -54,6 +54,8 @@ def make_engine(kind: str, **options: Any) -> InferenceEngine:
 
         tokenizer = options.pop("tokenizer", None) or load_qwen_tokenizer()
         if "completions" not in options:
-            raise ValueError("make_engine('scripted') needs completions= (a list of texts or a function prompt -> text)")
+            raise ValueError(
+                "make_engine('scripted') needs completions= (a list of texts or a function prompt -> text)"
+            )
         return ScriptedTestEngine(tokenizer, options.pop("completions"), **options)
     raise ValueError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}")

@@ -253,7 +253,9 @@ class VLLMEngine:
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
-        finish: FinishReason = completion.finish_reason if completion.finish_reason in ("stop", "length", "abort") else "stop"
+        finish: FinishReason = (
+            completion.finish_reason if completion.finish_reason in ("stop", "length", "abort") else "stop"
+        )
         if rid in self._aborted or completion.finish_reason is None:
             self._aborted.discard(rid)
             finish = "abort"
@@ -301,7 +303,9 @@ class VLLMEngine:
         except RuntimeError:
             running = None
         if running is self._loop:
-            raise RuntimeError("update_weights() would block the engine's event loop; use `await engine.aupdate_weights(...)`")
+            raise RuntimeError(
+                "update_weights() would block the engine's event loop; use `await engine.aupdate_weights(...)`"
+            )
         asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
 
     def close(self) -> None:

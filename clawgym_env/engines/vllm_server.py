@@ -77,10 +77,26 @@ class VLLMServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.served_model_name = served_model_name
         self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"clawgym-vllm-{self.port}.log"
-        self.cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
-                    "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", served_model_name,
-                    "--dtype", dtype, "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs",
-                    "--worker-extension-cls", "clawgym_env.engines.vllm_engine.ClawGymWorkerExtension"]  # fmt: skip
+        self.cmd = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            served_model_name,
+            "--dtype",
+            dtype,
+            "--enable-prefix-caching",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--worker-extension-cls",
+            "clawgym_env.engines.vllm_engine.ClawGymWorkerExtension",
+        ]
         if max_model_len:
             self.cmd += ["--max-model-len", str(max_model_len)]
         if max_batch_size:
@@ -130,7 +146,9 @@ class VLLMServer:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise ServerUnavailable(f"vLLM server on port {self.port} not ready after {timeout_s:.0f} s; log: {self.log_path}")
+        raise ServerUnavailable(
+            f"vLLM server on port {self.port} not ready after {timeout_s:.0f} s; log: {self.log_path}"
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -221,7 +239,9 @@ class VLLMServerPool:
     async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
         response = await self._http.post(f"{url}/collective_rpc", json={"method": method, "args": list(args)})
         if response.status_code != 200:
-            raise ServerUnavailable(f"{url}/collective_rpc {method} answered {response.status_code}: {response.text[:300]}")
+            raise ServerUnavailable(
+                f"{url}/collective_rpc {method} answered {response.status_code}: {response.text[:300]}"
+            )
         return response.json()["results"]
 
     async def server_version(self, url: str) -> int:
@@ -245,7 +265,9 @@ class VLLMServerPool:
         version = await self.server_version(slot.url)
         if version < self.policy_version:
             if self.latest_checkpoint is None:
-                raise ServerUnavailable(f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint")
+                raise ServerUnavailable(
+                    f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
+                )
             await self._load(slot, self.latest_checkpoint, self.policy_version)
             version = await self.server_version(slot.url)
         return version
@@ -307,7 +329,9 @@ class VLLMServerPool:
         try:
             before = await self._ensure_version(slot)
             if before < required:
-                raise ServerUnavailable(f"{slot.url} serves policy version {before}, older than the requested {required}")
+                raise ServerUnavailable(
+                    f"{slot.url} serves policy version {before}, older than the requested {required}"
+                )
             gen = await slot.client.generate(prompt_ids, sampling)
             after = await self.server_version(slot.url)
             if after != before:  # restarted (or reloaded) while generating: not one policy's output
@@ -363,7 +387,9 @@ class VLLMServerPool:
         except RuntimeError:
             running = None
         if running is self._loop:
-            raise RuntimeError("update_weights() would block the pool's event loop; use `await pool.aupdate_weights(...)`")
+            raise RuntimeError(
+                "update_weights() would block the pool's event loop; use `await pool.aupdate_weights(...)`"
+            )
         asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
 
     async def aclose(self) -> None:

@@ -83,8 +83,13 @@ class ProxyError(Exception):
 
 def error_body(style: ApiStyle, kind: ErrorKind, message: str, param: str | None = None) -> dict[str, Any]:
     if style == ApiStyle.ANTHROPIC_MESSAGES:
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPE.get(kind, "invalid_request_error"), "message": message}}
-    error_type = {"authentication": "authentication_error", "too_many_in_flight": "rate_limit_error"}.get(kind, "invalid_request_error")
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPE.get(kind, "invalid_request_error"), "message": message},
+        }
+    error_type = {"authentication": "authentication_error", "too_many_in_flight": "rate_limit_error"}.get(
+        kind, "invalid_request_error"
+    )
     return {"error": {"message": message, "type": error_type, "param": param, "code": _OPENAI_CODE.get(kind, kind)}}
 
 

@@ -52,7 +52,9 @@ class ProxyGuards(BaseModel):
     header_timeout_s: float = Field(default=30.0, gt=0)  # from connect (or first byte) to the end of the headers
     body_timeout_s: float = Field(default=120.0, gt=0)  # from the end of the headers to the end of the body
     idle_timeout_s: float = Field(default=5.0, gt=0)  # a kept-alive connection with no request (uvicorn's default)
-    delivery_timeout_s: float = Field(default=60.0, gt=0)  # how long a reply may take to leave before it counts as not delivered
+    delivery_timeout_s: float = Field(
+        default=60.0, gt=0
+    )  # how long a reply may take to leave before it counts as not delivered
 
 
 class GuardStats(BaseModel):
@@ -115,7 +117,9 @@ def peer_key(sock: socket.socket | None) -> str | None:
     if sock is None or sock.family != socket.AF_UNIX:
         return None
     try:
-        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        pid, _uid, _gid = struct.unpack(
+            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
     except OSError:
         return None
     if pid <= 0:
@@ -163,7 +167,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self._peer = None
                 self.guard.stats.peer_refusals += 1
                 if self.guard.stats.peer_refusals in (1, 10, 100, 1000) or self.guard.stats.peer_refusals % 10000 == 0:
-                    log.warning("a sandbox holds %d proxy connections; refused %d so far", count, self.guard.stats.peer_refusals)
+                    log.warning(
+                        "a sandbox holds %d proxy connections; refused %d so far", count, self.guard.stats.peer_refusals
+                    )
                 transport.abort()
                 return
             self.guard.per_peer[self._peer] = count + 1

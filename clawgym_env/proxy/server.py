@@ -37,13 +37,28 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import ClientDisconnect
 
 from clawgym_env.interfaces import Generation, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute, SamplingParams
-from clawgym_env.proxy.apis import AnthropicAdapter, ApiAdapter, CallOutput, ChatAdapter, CountTokensAdapter, ResponsesAdapter
+from clawgym_env.proxy.apis import (
+    AnthropicAdapter,
+    ApiAdapter,
+    CallOutput,
+    ChatAdapter,
+    CountTokensAdapter,
+    ResponsesAdapter,
+)
 from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
 from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
 from clawgym_env.proxy.errors import ProxyError, error_body
+from clawgym_env.proxy.guards import (
+    SCOPE_KEY,
+    GuardState,
+    GuardStats,
+    ProxyGuards,
+    json_depth,
+    protocol_for,
+    raise_open_file_limit,
+)
 from clawgym_env.proxy.renderers import check_renderer_fits_engine
-from clawgym_env.proxy.guards import SCOPE_KEY, GuardState, GuardStats, ProxyGuards, json_depth, protocol_for, raise_open_file_limit
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
 from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
 from clawgym_env.specs import ApiStyle
@@ -243,7 +258,9 @@ class ServingProxy:
             raise ValueError("policy.renderer is None: pass a renderer, e.g. ChatMLRenderer(load_qwen_tokenizer())")
         check_renderer_fits_engine(policy.renderer, policy.engine)
         route = RolloutRoute(
-            rollout_id=rollout_id, path_prefix=f"/rollouts/{rollout_id}", api_key="sk-clawgym-" + secrets.token_urlsafe(24)
+            rollout_id=rollout_id,
+            path_prefix=f"/rollouts/{rollout_id}",
+            api_key="sk-clawgym-" + secrets.token_urlsafe(24),
         )
         self._rollouts[rollout_id] = RolloutState(
             route=route, policy=policy, limits=limits or RolloutLimits(), stats=RolloutStats(rollout_id=rollout_id)
@@ -353,7 +370,9 @@ class ServingProxy:
         if self._log is None:
             return  # the proxy stopped; the record keeps delivered=False
         try:
-            self._log.append_receipt(DeliveryReceipt(rollout_id=call.rollout_id, call_index=call.call_index, delivered=delivered))
+            self._log.append_receipt(
+                DeliveryReceipt(rollout_id=call.rollout_id, call_index=call.call_index, delivered=delivered)
+            )
         except (OSError, ValueError) as exc:
             log.warning("could not write the delivery receipt of %s#%d: %s", call.rollout_id, call.call_index, exc)
 
@@ -394,7 +413,11 @@ class ServingProxy:
         """
         engine = policy.engine
         can_abort = callable(getattr(engine, "abort", None))
-        coro = engine.generate(prompt_ids, sampling, request_id=request_id) if can_abort else engine.generate(prompt_ids, sampling)
+        coro = (
+            engine.generate(prompt_ids, sampling, request_id=request_id)
+            if can_abort
+            else engine.generate(prompt_ids, sampling)
+        )
         generation = asyncio.ensure_future(coro)
         watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
         try:
@@ -419,7 +442,9 @@ class ServingProxy:
         partial = await self._stop_generation(engine, generation, request_id, can_abort)
         if watcher in done:
             raise ClientDisconnected(partial)
-        err = ProxyError("engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s")
+        err = ProxyError(
+            "engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s"
+        )
         err.generation = partial  # type: ignore[attr-defined]
         raise err
 
@@ -514,7 +539,10 @@ class ServingProxy:
             call.error = f"internal: {type(exc).__name__}: {exc}"
             stats.count_error("internal")
             return self._answer_failure(
-                state, call, t0, _json(error_body(adapter.style, "engine_error", f"clawgym proxy internal error: {exc}"), 500)
+                state,
+                call,
+                t0,
+                _json(error_body(adapter.style, "engine_error", f"clawgym proxy internal error: {exc}"), 500),
             )
 
     def _answer_failure(self, state: RolloutState, call: ModelCall, t0: float, response: Response) -> Response:
@@ -525,7 +553,9 @@ class ServingProxy:
             log.error("could not record the failed call %s#%d: %s", call.rollout_id, call.call_index, exc)
             self._guard_state.stats.record_failures += 1
             state.stats.count_error("record_failed")
-            return _json(error_body(call.api_style, "engine_error", f"clawgym proxy could not record this call ({exc})"), 500)
+            return _json(
+                error_body(call.api_style, "engine_error", f"clawgym proxy could not record this call ({exc})"), 500
+            )
         return response
 
     def _finish_record(self, state: RolloutState, call: ModelCall, t0: float) -> None:
@@ -533,12 +563,20 @@ class ServingProxy:
         self._record(state, call)
 
     async def _generate(
-        self, request: Request, state: RolloutState, adapter: ApiAdapter, parsed_request: Any, call: ModelCall, t0: float
+        self,
+        request: Request,
+        state: RolloutState,
+        adapter: ApiAdapter,
+        parsed_request: Any,
+        call: ModelCall,
+        t0: float,
     ) -> Response:
         limits, policy, stats = state.limits, state.policy, state.stats
         renderer = policy.renderer
         if stats.new_tokens >= limits.max_tokens:
-            raise ProxyError("token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget")
+            raise ProxyError(
+                "token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget"
+            )
         conversation = adapter.to_conversation(parsed_request)
         rendered = renderer.render(conversation, splice=state.memory.find)
         prompt_ids = rendered.prompt_ids
@@ -623,7 +661,9 @@ class ServingProxy:
         state.completed(call)  # only a recorded generation is what later prompts are compared with
         connection = request.scope.get("extensions", {}).get(SCOPE_KEY)
         if connection is not None:
-            connection.when_delivered(lambda delivered: self._receipt(call, delivered))  # holds the call, not the rollout
+            connection.when_delivered(
+                lambda delivered: self._receipt(call, delivered)
+            )  # holds the call, not the rollout
         return response
 
     async def _count_tokens(self, request: Request, rollout_id: str) -> Response:
@@ -671,21 +711,43 @@ class ServingProxy:
             content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model_name}"}}}
             return {"requestBody": {"required": True, "content": content}}
 
-        errors = {code: {"description": text} for code, text in ((400, "bad request"), (401, "wrong key"), (404, "unknown rollout"), (410, "closed rollout"))}
+        errors = {
+            code: {"description": text}
+            for code, text in (
+                (400, "bad request"),
+                (401, "wrong key"),
+                (404, "unknown rollout"),
+                (410, "closed rollout"),
+            )
+        }
 
-        @app.post(prefix + "/v1/messages", openapi_extra=body_of("MessagesRequest"), responses=errors, tags=["anthropic"])
+        @app.post(
+            prefix + "/v1/messages", openapi_extra=body_of("MessagesRequest"), responses=errors, tags=["anthropic"]
+        )
         async def messages(request: Request, rollout_id: str) -> Response:
             return await self._generation_call(request, rollout_id, ANTHROPIC)
 
-        @app.post(prefix + "/v1/messages/count_tokens", openapi_extra=body_of("CountTokensRequest"), responses=errors, tags=["anthropic"])
+        @app.post(
+            prefix + "/v1/messages/count_tokens",
+            openapi_extra=body_of("CountTokensRequest"),
+            responses=errors,
+            tags=["anthropic"],
+        )
         async def count_tokens(request: Request, rollout_id: str) -> Response:
             return await self._count_tokens(request, rollout_id)
 
-        @app.post(prefix + "/v1/chat/completions", openapi_extra=body_of("ChatCompletionRequest"), responses=errors, tags=["openai"])
+        @app.post(
+            prefix + "/v1/chat/completions",
+            openapi_extra=body_of("ChatCompletionRequest"),
+            responses=errors,
+            tags=["openai"],
+        )
         async def chat_completions(request: Request, rollout_id: str) -> Response:
             return await self._generation_call(request, rollout_id, CHAT)
 
-        @app.post(prefix + "/v1/responses", openapi_extra=body_of("ResponsesRequest"), responses=errors, tags=["openai"])
+        @app.post(
+            prefix + "/v1/responses", openapi_extra=body_of("ResponsesRequest"), responses=errors, tags=["openai"]
+        )
         async def responses(request: Request, rollout_id: str) -> Response:
             return await self._generation_call(request, rollout_id, RESPONSES)
 
@@ -709,9 +771,13 @@ class ServingProxy:
             if app.openapi_schema is None:
                 from fastapi.openapi.utils import get_openapi
 
-                schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+                schema = get_openapi(
+                    title=app.title, version=app.version, description=app.description, routes=app.routes
+                )
                 models = [MessagesRequest, CountTokensRequest, ChatCompletionRequest, ResponsesRequest]
-                _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+                _, defs = models_json_schema(
+                    [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+                )
                 schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
                 app.openapi_schema = schema
             return app.openapi_schema
@@ -750,4 +816,7 @@ def _call_cap(rollout_id: str, max_calls: int) -> ProxyError:
 
 
 def _too_deep(limit: int) -> ProxyError:
-    return ProxyError("too_deep", f"invalid request: the JSON body is nested more than {limit} levels deep (ProxyGuards.max_json_depth)")
+    return ProxyError(
+        "too_deep",
+        f"invalid request: the JSON body is nested more than {limit} levels deep (ProxyGuards.max_json_depth)",
+    )

@@ -125,8 +125,21 @@ class LocalSandbox:
     def _bwrap_args(self) -> list[str]:
         """bwrap's options (they go through a memfd, see bwrap_args.py); the init's argv follows them."""
         b = self._backend
-        args = ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--disable-userns", "--cap-drop", "ALL",
-                "--hostname", self.id, "--die-with-parent", "--new-session"]
+        args = [
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            self.id,
+            "--die-with-parent",
+            "--new-session",
+        ]
         args += bwrap_args.system_binds(b.hidden_roots)
         args += bwrap_args.proc_args()
         args += bwrap_args.private_dirs(self.limits.workspace_mb * 1024 * 1024)
@@ -195,8 +208,12 @@ class LocalSandbox:
         try:
             with open(self._stderr_path, "wb") as stderr:
                 self._process = await asyncio.create_subprocess_exec(
-                    *args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                    pass_fds=[init_end.fileno(), options_fd], start_new_session=True,
+                    *args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    pass_fds=[init_end.fileno(), options_fd],
+                    start_new_session=True,
                 )
         finally:
             init_end.close()
@@ -210,7 +227,9 @@ class LocalSandbox:
             ready = repr(exc).encode()
         if not ready.startswith(b"ready "):
             code = self._process.returncode
-            raise SandboxError(f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}")
+            raise SandboxError(
+                f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}"
+            )
         self._reader = asyncio.create_task(self._read_control())
         if self._wall_timer is None:
             self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
@@ -316,8 +335,12 @@ class LocalSandbox:
         """Run a command (argv, or a shell string for /bin/sh -c) inside the sandbox and wait for it."""
         code, out, err, duration, reason = await self._run(command, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin)
         return ExecResult(
-            exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
-            duration_s=duration, timed_out=reason in ("timeout", "wall_time"), killed_reason=reason,
+            exit_code=code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            duration_s=duration,
+            timed_out=reason in ("timeout", "wall_time"),
+            killed_reason=reason,
         )
 
     async def _run(
@@ -338,8 +361,12 @@ class LocalSandbox:
                 raise ValueError("exec needs a non-empty command")
         request_id = next(self._ids)
         self._commands_since_start += 1
-        request = exec_request(request_id, posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
-                                argv, self._command_env(env))
+        request = exec_request(
+            request_id,
+            posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
+            argv,
+            self._command_env(env),
+        )
         wall_left = self._deadline - time.monotonic()
         budget = min(timeout_s, wall_left) if timeout_s is not None else wall_left
         reason_if_late = "timeout" if timeout_s is not None and timeout_s <= wall_left else "wall_time"
@@ -407,7 +434,9 @@ class LocalSandbox:
             reason = self._explain_failure(message, err_buf, oom_before, forks_before)
         return code, bytes(out_buf), bytes(err_buf), duration, reason
 
-    def _explain_failure(self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int) -> str | None:
+    def _explain_failure(
+        self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int
+    ) -> str | None:
         text = stderr[-4000:].decode(errors="replace")
         if message.get("signal") == signal.SIGXFSZ or message.get("code") == 128 + signal.SIGXFSZ:
             return "disk"
@@ -452,8 +481,16 @@ class LocalSandbox:
         return False
 
     def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "TMPDIR": "/tmp",
-                  "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PWD": self.workspace_path}
+        merged = {
+            "PATH": DEFAULT_PATH,
+            "HOME": "/root",
+            "USER": "root",
+            "LOGNAME": "root",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PWD": self.workspace_path,
+        }
         merged.update(self._backend.env)
         merged.update({str(k): str(v) for k, v in (env or {}).items()})
         return merged
@@ -503,7 +540,9 @@ class LocalSandbox:
         where, target = self._resolve(path or self.workspace_path)
         if where == "workspace":
             return await self._on_host(list_beneath, self.workspace_dir, target)
-        code, out, err, _, _ = await self._run(["find", target, "-mindepth", "1", "-not", "-type", "d", "-printf", "%P\\n"], timeout_s=60)
+        code, out, err, _, _ = await self._run(
+            ["find", target, "-mindepth", "1", "-not", "-type", "d", "-printf", "%P\\n"], timeout_s=60
+        )
         if code != 0:
             raise FileNotFoundError(f"cannot list {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
         return sorted(line for line in out.decode(errors="replace").splitlines() if line)
@@ -610,8 +649,6 @@ class LocalSandbox:
         return f"LocalSandbox({self.id}, workspace={self.workspace_path}, destroyed={self._destroyed})"
 
 
-
-
 # ------------------------------------------------------------------------------------------- pipes
 async def _drain(fd: int, buffer: bytearray) -> None:
     loop = asyncio.get_running_loop()
@@ -636,4 +673,3 @@ async def _finish_readers(readers: list[asyncio.Task[None]], grace_s: float) -> 
     for task in pending:  # a background process still holds the pipe: keep what came so far
         task.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
-

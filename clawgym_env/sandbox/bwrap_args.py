@@ -26,8 +26,15 @@ SYSTEM_FOLDERS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"
 PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh sized tmpfs in every sandbox
 CODE_SHOWN = ("clawgym_env", "harness_adapters", "verifiers")  # what harnesses run from the checkout
 READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/bus", "/proc/fs", "/proc/irq")
-MASKED_PROC = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
-               "/proc/kallsyms", "/proc/kmsg")
+MASKED_PROC = (
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/kallsyms",
+    "/proc/kmsg",
+)
 INIT_INSIDE = "/run/clawgym/init"
 PROXY_SOCKET_INSIDE = "/run/clawgym/proxy.sock"
 
@@ -39,8 +46,13 @@ def cache_dir() -> Path:
 def shown_host_paths() -> list[Path]:
     """Host folders bound read-only at the same path: the Python environment, the harness CLIs and the
     checkout's code (not its tests, suites or run folders)."""
-    candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent,
-                  cache_dir() / "harnesses", *(REPO / name for name in CODE_SHOWN)]
+    candidates = [
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.executable).resolve().parent.parent,
+        cache_dir() / "harnesses",
+        *(REPO / name for name in CODE_SHOWN),
+    ]
     shown: list[Path] = []
     for path in candidates:
         path = path.absolute()

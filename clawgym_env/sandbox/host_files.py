@@ -73,7 +73,9 @@ def open_dir_beneath(root: Path, parts: Sequence[str], create: bool) -> int:
             try:
                 next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
-                raise PermissionError(f"{'/'.join(parts)}: {part!r} is a symlink or not a folder ({exc.strerror})") from None
+                raise PermissionError(
+                    f"{'/'.join(parts)}: {part!r} is a symlink or not a folder ({exc.strerror})"
+                ) from None
             os.close(fd)
             fd = next_fd
         return fd
@@ -102,9 +104,13 @@ def read_beneath(root: Path, rel: str) -> bytes:
         raise FileNotFoundError(f"cannot read {rel!r} in the workspace: no such file") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise FileNotFoundError(f"cannot read {rel!r} in the workspace: it is a link (symlinks are not followed)") from None
-        raise OSError(f"cannot read {rel!r} in the workspace: {exc.strerror or exc} (links are not followed, "
-                      "only regular files are read)") from None
+            raise FileNotFoundError(
+                f"cannot read {rel!r} in the workspace: it is a link (symlinks are not followed)"
+            ) from None
+        raise OSError(
+            f"cannot read {rel!r} in the workspace: {exc.strerror or exc} (links are not followed, "
+            "only regular files are read)"
+        ) from None
     finally:
         os.close(dir_fd)
     with os.fdopen(fd, "rb") as handle:
@@ -138,7 +144,11 @@ def list_beneath(root: Path, rel: str) -> list[str]:
         for top, dirs, files, top_fd in os.fwalk(dir_fd=dir_fd):
             for name in files:
                 found.append(posixpath.normpath(posixpath.join(top, name)))
-            found.extend(posixpath.normpath(posixpath.join(top, d)) for d in dirs if os.path.islink(os.path.join(f"/proc/self/fd/{top_fd}", d)))
+            found.extend(
+                posixpath.normpath(posixpath.join(top, d))
+                for d in dirs
+                if os.path.islink(os.path.join(f"/proc/self/fd/{top_fd}", d))
+            )
     finally:
         os.close(dir_fd)
     return sorted(found)

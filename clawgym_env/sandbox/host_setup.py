@@ -38,7 +38,9 @@ def default_python() -> str:
     found = shutil.which("python3")
     if found:
         return found
-    raise SandboxUnavailable("no python3 outside /root and /tmp for the sandbox init; install one with `apt-get install -y python3`")
+    raise SandboxUnavailable(
+        "no python3 outside /root and /tmp for the sandbox init; install one with `apt-get install -y python3`"
+    )
 
 
 # ------------------------------------------------------------------------------------------- start-up check
@@ -61,9 +63,32 @@ def _probe(bwrap: str, python: str) -> str | None:
             f"bubblewrap ({bwrap!r}) is not installed; install it with `apt-get install -y bubblewrap` "
             "(Debian/Ubuntu) or `dnf install bubblewrap`, or pass backend_options={'bwrap': '/path/to/bwrap'}"
         )
-    args = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-            "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--die-with-parent",
-            python, "-I", "-S", "-c", "import os; os.posix_spawn"]  # the init spawns commands with it (3.8+)
+    args = [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        "0",
+        "--gid",
+        "0",
+        "--cap-drop",
+        "ALL",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--die-with-parent",
+        python,
+        "-I",
+        "-S",
+        "-c",
+        "import os; os.posix_spawn",
+    ]  # the init spawns commands with it (3.8+)
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:

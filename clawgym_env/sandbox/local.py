@@ -104,7 +104,9 @@ class LocalSandboxBackend:
         self.root = Path(root or default_root()).absolute()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.hidden_paths = [Path(p).absolute() for p in hidden_paths]
-        self.ro_binds = {str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()}
+        self.ro_binds = {
+            str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()
+        }
         self.auto_binds = host_paths_needed_inside()
         self.hidden_roots = bwrap_args.hidden_roots([self.root, *self.hidden_paths])
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
@@ -199,8 +201,9 @@ class LocalSandboxBackend:
             self._refills[key] = asyncio.get_running_loop().create_task(self._refill(key, mount_path, limits, proxy))
         return warm
 
-    async def _refill(self, key: tuple[str, str, str], mount_path: str, limits: SandboxLimits,
-                      proxy: ProxyEndpoint | None) -> None:  # fmt: skip
+    async def _refill(
+        self, key: tuple[str, str, str], mount_path: str, limits: SandboxLimits, proxy: ProxyEndpoint | None
+    ) -> None:
         ready = self._pool[key]
         while len(ready) < self.pool_size:
             sandbox = self._new_sandbox(mount_path, limits, proxy)
@@ -251,7 +254,6 @@ def _absolute_inside(path: str, what: str) -> str:
     if not posixpath.isabs(normal) or normal == "/":
         raise ValueError(f"{what} {path!r} must be an absolute path inside the sandbox, below /")
     return normal
-
 
 
 LocalSandboxBackend.sandbox_class = LocalSandbox

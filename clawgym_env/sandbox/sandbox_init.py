@@ -22,8 +22,12 @@ import resource
 import sys
 
 CONTROL = None  # set in main()
-RLIMITS = {"core": resource.RLIMIT_CORE, "fsize": resource.RLIMIT_FSIZE, "nproc": resource.RLIMIT_NPROC,
-           "data": resource.RLIMIT_DATA}
+RLIMITS = {
+    "core": resource.RLIMIT_CORE,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nproc": resource.RLIMIT_NPROC,
+    "data": resource.RLIMIT_DATA,
+}
 CHILDREN = {}  # request id -> pid
 SEND_LOCK = _thread.allocate_lock()
 
@@ -117,13 +121,15 @@ def spawn(request, fds):
         os.chdir(os.fsdecode(request["cwd"]))
         argv, env = request["argv"], request["env"]
         pid = os.posix_spawn(
-            find_program(argv[0], env), argv, env,
+            find_program(argv[0], env),
+            argv,
+            env,
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
             setsid=True,  # own session and process group: killpg reaches everything it starts
             setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # python ignores these; commands expect defaults
         )
     except OSError as exc:
-        send("error", request["id"], "%s: %s" % (type(exc).__name__, exc))
+        send("error", request["id"], f"{type(exc).__name__}: {exc}")
         return
     finally:
         for fd in fds:
@@ -182,8 +188,8 @@ def main():
         fields = data.split(b"\0")
         if fields[0] == b"exec" and len(fields) >= 5 and len(fds) == 3:
             argc = int(fields[3])
-            env = dict(entry.split(b"=", 1) for entry in fields[4 + argc:] if b"=" in entry)
-            spawn({"id": int(fields[1]), "cwd": fields[2], "argv": fields[4:4 + argc], "env": env}, list(fds))
+            env = dict(entry.split(b"=", 1) for entry in fields[4 + argc :] if b"=" in entry)
+            spawn({"id": int(fields[1]), "cwd": fields[2], "argv": fields[4 : 4 + argc], "env": env}, list(fds))
         else:
             for fd in fds:
                 os.close(fd)

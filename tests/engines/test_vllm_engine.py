@@ -36,10 +36,19 @@ needs_vllm = pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING)
 
 
 def test_sampling_maps_to_vllm_token_only_params():
-    kw = vllm_sampling_kwargs(SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=0, seed=3, stop_token_ids=(5,)))
+    kw = vllm_sampling_kwargs(
+        SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=0, seed=3, stop_token_ids=(5,))
+    )
     assert kw == {
-        "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": -1, "logprobs": 1,
-        "skip_special_tokens": False, "detokenize": False, "seed": 3, "stop_token_ids": [5],
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": -1,
+        "logprobs": 1,
+        "skip_special_tokens": False,
+        "detokenize": False,
+        "seed": 3,
+        "stop_token_ids": [5],
     }
 
 
@@ -98,7 +107,9 @@ async def test_logprobs_match_teacher_forcing(engine, hf_model, chat_prompt):
 @pytest.mark.asyncio(loop_scope="module")
 async def test_prefix_cache_serves_the_previous_turn(engine, qwen_tok):
     text = "Read the files in the workspace and summarise each one. " * 30
-    turn1 = qwen_tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False)
+    turn1 = qwen_tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+    )
     first = await engine.generate(turn1, SamplingParams(max_tokens=20, seed=2))
     before = engine.stats.cached_prompt_tokens
     turn2 = turn1 + first.token_ids + [198, 151644, 872, 198]
@@ -155,5 +166,7 @@ async def test_weight_update_changes_logprobs_and_bumps_version(engine, hf_model
     assert engine.policy_version == 7 and after.policy_version == 7 and before.policy_version == 0
     assert engine.stats.weight_updates == 1
     # the new logprobs are those of the updated model, and not those of the old one
-    assert max_diff(after.logprobs, teacher_forced(hf_model, chat_prompt, after.token_ids)) < LOGPROB_TOLERANCE["float32"]
+    assert (
+        max_diff(after.logprobs, teacher_forced(hf_model, chat_prompt, after.token_ids)) < LOGPROB_TOLERANCE["float32"]
+    )
     assert after.token_ids != before.token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)

@@ -55,7 +55,11 @@ def teacher_forced(model, prompt, ids):
 
 def prompts(qwen_tok, n, tag):
     return [
-        qwen_tok.apply_chat_template([{"role": "user", "content": f"{tag} task {i}: list the files."}], add_generation_prompt=True, return_dict=False)
+        qwen_tok.apply_chat_template(
+            [{"role": "user", "content": f"{tag} task {i}: list the files."}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
         for i in range(n)
     ]
 

@@ -21,7 +21,19 @@ def test_sigkill_mid_run_loses_no_completed_call(tmp_path: Path):
     script.write_text(json.dumps([tagged("ls", {"dir": "."}), "done"]))
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clawgym_env.proxy", "--run-dir", str(run_dir), "--port", "0", "--rollout", "r1", "--script", str(script)],
+        [
+            sys.executable,
+            "-m",
+            "clawgym_env.proxy",
+            "--run-dir",
+            str(run_dir),
+            "--port",
+            "0",
+            "--rollout",
+            "r1",
+            "--script",
+            str(script),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -45,7 +57,8 @@ def test_sigkill_mid_run_loses_no_completed_call(tmp_path: Path):
         with socket.create_connection((host, int(port))) as raw:
             raw.sendall(
                 f"POST {route['path_prefix']}/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                f"authorization: Bearer {route['api_key']}\r\ncontent-length: {len(payload)}\r\n\r\n".encode() + payload
+                f"authorization: Bearer {route['api_key']}\r\ncontent-length: {len(payload)}\r\n\r\n".encode()
+                + payload
             )
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

@@ -42,12 +42,15 @@ HONEST_CHECK = "print(0.0)\n"  # the honest checker: the agent's work is wrong
 
 
 def make_task(files: dict[str, str] | None = None, verifier=None) -> TaskSpec:
-    return TaskSpec(id="attack", instruction="x", workspace=WorkspaceSpec(files=files or {}),
-                    verifier=verifier or (lambda d: 0.0))
+    return TaskSpec(
+        id="attack", instruction="x", workspace=WorkspaceSpec(files=files or {}), verifier=verifier or (lambda d: 0.0)
+    )
 
 
 def check_py_verifier() -> ScriptVerifier:
-    return ScriptVerifier("python3 reward/check.py", files={"check.py": HONEST_CHECK}, files_dest="reward", timeout_s=20)
+    return ScriptVerifier(
+        "python3 reward/check.py", files={"check.py": HONEST_CHECK}, files_dest="reward", timeout_s=20
+    )
 
 
 async def verify(box, task: TaskSpec, tmp_path: Path):
@@ -73,8 +76,10 @@ async def test_root_inside_has_no_host_powers_and_no_host_secrets(backend: Local
     async with await backend.create(make_task()) as box:
         shadow = await box.exec("cat /etc/shadow")
         caps = (await box.exec("grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")).stdout.split()
-        knobs = await box.exec("for f in /proc/sysrq-trigger /proc/sys/vm/drop_caches /proc/sys/kernel/core_pattern; "
-                               "do test -w $f && echo WRITABLE $f; done; true")  # only asks; never writes them
+        knobs = await box.exec(
+            "for f in /proc/sysrq-trigger /proc/sys/vm/drop_caches /proc/sys/kernel/core_pattern; "
+            "do test -w $f && echo WRITABLE $f; done; true"
+        )  # only asks; never writes them
         host_home = await box.exec("ls -A /home /var /srv 2>/dev/null")
         in_root = set((await box.exec("ls -A /root")).stdout.split())
         kcore = await box.exec("head -c 1 /proc/kcore | wc -c")
@@ -160,7 +165,9 @@ while True:
 
 
 @pytest.mark.parametrize("attack", ["fifo_swap", "rewrite_loop"])
-async def test_leftover_processes_cannot_rig_the_script_verifier(backend: LocalSandboxBackend, tmp_path: Path, attack: str) -> None:
+async def test_leftover_processes_cannot_rig_the_script_verifier(
+    backend: LocalSandboxBackend, tmp_path: Path, attack: str
+) -> None:
     task = make_task(verifier=check_py_verifier())
     async with await backend.create(task) as box:
         started = await box.exec(FIFO_SWAP if attack == "fifo_swap" else REWRITE_LOOP)
@@ -249,8 +256,10 @@ async def test_host_checks_do_not_follow_links_in_a_given_copy(tmp_path: Path) -
 
 async def test_download_drops_setuid_links_out_fifos_and_devices(backend: LocalSandboxBackend, tmp_path: Path) -> None:
     async with await backend.create(make_task()) as box:
-        made = await box.exec("cp /bin/sh rootsh && chmod 6755 rootsh && mkfifo pipe && ln -s /etc/passwd out"
-                              " && ln -s rootsh in && python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+        made = await box.exec(
+            "cp /bin/sh rootsh && chmod 6755 rootsh && mkfifo pipe && ln -s /etc/passwd out"
+            " && ln -s rootsh in && python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\""
+        )
         assert made.exit_code == 0, made.stderr
         dest = await box.download_workspace(tmp_path / "copy")
         report = box.last_download
@@ -290,7 +299,9 @@ async def test_disk_limit_holds_for_leftover_writers_and_bursts(backend: LocalSa
         burst = await box.exec("dd if=/dev/zero of=burst bs=1M count=40 2>&1")
         assert burst.exit_code != 0 and burst.killed_reason == "disk", burst
         await box.exec("rm -f burst")
-        left = await box.exec("setsid sh -c 'sleep 0.1; dd if=/dev/zero of=late bs=1M count=70' >/dev/null 2>&1 </dev/null &")
+        left = await box.exec(
+            "setsid sh -c 'sleep 0.1; dd if=/dev/zero of=late bs=1M count=70' >/dev/null 2>&1 </dev/null &"
+        )
         assert left.exit_code == 0
         await asyncio.sleep(1.5)
         used = (await box.exec("du -sm . | cut -f1")).stdout.strip()
@@ -303,6 +314,8 @@ async def test_disk_limit_holds_for_leftover_writers_and_bursts(backend: LocalSa
 async def test_kill_reasons_say_what_happened(backend: LocalSandboxBackend) -> None:
     async with await backend.create(make_task()) as box:
         userns = await box.exec("unshare -U true")
-        cmdline = (await box.exec("tr '\\0' ' ' < /proc/1/cmdline; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")).stdout
+        cmdline = (
+            await box.exec("tr '\\0' ' ' < /proc/1/cmdline; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
+        ).stdout
     assert userns.exit_code != 0 and userns.killed_reason != "disk", userns
     assert str(box.host_dir) not in cmdline and str(backend.root) not in cmdline, cmdline

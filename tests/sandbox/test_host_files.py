@@ -39,8 +39,13 @@ def test_copy_keeps_files_and_inside_links_and_refuses_the_rest(tmp_path: Path) 
     report = copy_workspace(ws, dest, MOUNT)
     assert (dest / "a.txt").read_text() == "a" and oct(os.stat(dest / "a.txt").st_mode & 0o7777) == "0o755"
     assert (dest / "rel_in").read_text() == "b" and (dest / "abs_in").read_text() == "a"
-    assert report.skipped == {"abs_out": "link out of the workspace", "rel_out": "link out of the workspace",
-                              "up": "link out of the workspace", "fifo": "fifo", "sock": "socket"}
+    assert report.skipped == {
+        "abs_out": "link out of the workspace",
+        "rel_out": "link out of the workspace",
+        "up": "link out of the workspace",
+        "fifo": "fifo",
+        "sock": "socket",
+    }
     assert not (dest / "through_up").exists()  # dangles: the link it went through was not copied
     assert report.files == 2 and report.links == 3
 

@@ -76,9 +76,7 @@ class ChatMLRenderer:
         self.im_end_id = self._token_id(IM_END)
         self.end_of_turn_id = self.im_end_id  # a generation that ends with it closes its turn
         self.end_of_text_id = self._backend.token_to_id(END_OF_TEXT)
-        self.stop_token_ids: tuple[int, ...] = tuple(
-            t for t in (self.im_end_id, self.end_of_text_id) if t is not None
-        )
+        self.stop_token_ids: tuple[int, ...] = tuple(t for t in (self.im_end_id, self.end_of_text_id) if t is not None)
         self._cache: OrderedDict[tuple[Piece, ...], EncodedBlock] = OrderedDict()
         specials = [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special]
         self._special_ids = {text: self._backend.token_to_id(text) for text in specials}
@@ -138,7 +136,11 @@ class ChatMLRenderer:
     def _tool_run_block(run: list[Message]) -> tuple[Piece, ...]:
         pieces: list[Piece] = [(f"{IM_START}user", "template")]
         for message in run:
-            pieces += [("\n<tool_response>\n", "template"), (message.content, "tool"), ("\n</tool_response>", "template")]
+            pieces += [
+                ("\n<tool_response>\n", "template"),
+                (message.content, "tool"),
+                ("\n</tool_response>", "template"),
+            ]
         pieces.append((f"{IM_END}\n", "template"))
         return tuple(pieces)
 
@@ -333,7 +335,9 @@ class ChatMLRenderer:
         expected = self._backend.encode(self.template_text(conversation), add_special_tokens=False).ids
         got = self.render(conversation).prompt_ids
         if got != expected:
-            at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
+            at = next(
+                (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected))
+            )
             raise TemplateMismatch(
                 f"{self.name}: block-wise rendering differs from the tokenizer's chat template at token {at} "
                 f"(got {self.decode(got[at : at + 12])!r}, template {self.decode(expected[at : at + 12])!r}); "
@@ -356,7 +360,11 @@ class ChatMLRenderer:
 def probe_conversations() -> list[Conversation]:
     """Conversations that exercise every branch of the template (tools, tool runs, mid-conversation system)."""
     tools = [
-        ToolSpec("write", "Write a file.", {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}),
+        ToolSpec(
+            "write",
+            "Write a file.",
+            {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
+        ),
         ToolSpec("ls", "List files — non-ASCII ✓.", {"type": "object", "properties": {}}),
     ]
     turns = [
