@@ -24,7 +24,7 @@ from evaluation.report import (
     build_report,
     summarize,
 )
-from evaluation.run import PolicySource, evaluate
+from evaluation.run import PolicySource, cached_evaluation, evaluate
 from evaluation.scripted import FINAL_MESSAGE, WRONG_CONTENT, ScriptedReferencePolicies, make_eval_policy
 from evaluation.tables import category_table, env_table, fmt_mean_ci, harness_table, plot_report
 from evaluation.task_selection import select_tasks
@@ -44,6 +44,7 @@ __all__ = [
     "SavedReport",
     "ScriptedReferencePolicies",
     "bootstrap_ci",
+    "cached_evaluation",
     "build_report",
     "category_table",
     "default_concurrency",

@@ -159,9 +159,7 @@ def evaluate(
             jobs += [(env, task, r) for task in tasks for r in range(repeats)]
         key = None
         if cache is not None and policy_key is not None:
-            key = EvalKey.for_envs("evaluate", policy=policy_key, envs=envs, tasks=env_tasks, repeats=repeats,
-                                   sampling_seed=seed, temperature=temperature,
-                                   extra={"threshold": success_threshold, "failed_as_zero": failed_as_zero})  # fmt: skip
+            key = _cache_key(envs, env_tasks, policy_key, repeats, seed, temperature, success_threshold, failed_as_zero)
             stored = cache.get(key)
             if stored is not None:
                 report = EvalReport.model_validate(stored)
@@ -184,6 +182,34 @@ def evaluate(
         report.save(run_dir)
     if key is not None and cache is not None:
         cache.put(key, report.model_dump(mode="json"), env_ids=list(env_ids))
+    return report
+
+
+def _cache_key(envs: list[Any], tasks: list[list[TaskSpec]], policy_key: dict[str, Any], repeats: int, seed: int,
+               temperature: float | None, threshold: float, failed_as_zero: bool) -> EvalKey:  # fmt: skip
+    return EvalKey.for_envs("evaluate", policy=policy_key, envs=envs, tasks=tasks, repeats=repeats, sampling_seed=seed,
+                            temperature=temperature, extra={"threshold": threshold, "failed_as_zero": failed_as_zero})  # fmt: skip
+
+
+def cached_evaluation(
+    env_ids: Sequence[str], *, cache: EvalCache, policy_key: dict[str, Any], split: str = "test", repeats: int = 1,
+    level: int | None = None, count: int | None = None, seed: int = 0, success_threshold: float = 1.0,
+    failed_as_zero: bool = True, temperature: float | None = None, env_overrides: dict[str, Any] | None = None,
+) -> EvalReport | None:  # fmt: skip
+    """What `evaluate` with these arguments would read back from `cache`, or None; runs nothing (for plans)."""
+    import clawgym_env
+
+    overrides: dict[str, Any] = {"split": split, **(env_overrides or {})}
+    if temperature is not None:
+        overrides["temperature"] = temperature
+    envs = [clawgym_env.make(env_id, **overrides) for env_id in env_ids]
+    tasks = [select_tasks(env, level=level, count=count, seed=seed) for env in envs]
+    key = _cache_key(envs, tasks, policy_key, repeats, seed, temperature, success_threshold, failed_as_zero)
+    stored = cache.get(key)
+    if stored is None:
+        return None
+    report = EvalReport.model_validate(stored)
+    report.cached_from = str(cache.path(key))
     return report
 
 
