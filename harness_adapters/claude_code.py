@@ -5,7 +5,10 @@
 Traps handled here (docs/harnesses.md): as root, skipping permissions needs IS_SANDBOX=1; stream-json needs
 --verbose; without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC a title side call reaches the policy; the
 default tool set is ~64k characters of schemas (too long for a small model), so `--tools` narrows it;
-retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx).
+retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx); its client gives up on a
+call that streams nothing for 300 s (`CLAUDE_STREAM_IDLE_TIMEOUT_MS`, default and floor) or lasts 600 s
+(`API_TIMEOUT_MS`), which a CPU policy's first token can exceed when several ~4k-token Claude Code prompts
+queue for prefill, so both are set to the rollout's own time limit (the rollout's timeout is the one guard).
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ from clawgym_env.specs import ApiStyle
 from harness_adapters.base import CliHarnessAdapter, LaunchPlan, ParsedRun, parse_jsonl
 
 DEFAULT_TOOLS = "Bash,Read,Edit,Write,Glob,Grep"
+CLIENT_TIMEOUT_FLOOR_MS = 300_000  # Claude Code's own stream idle timeout, which it never goes below
+
+
+def client_timeout_ms(rollout_timeout_s: float) -> int:
+    """Claude Code's per-call client timeouts: the rollout's limit, so a slow first token (a queued prefill on
+    a loaded CPU) is waited for instead of dropped; the rollout timeout still ends a hung harness."""
+    return max(CLIENT_TIMEOUT_FLOOR_MS, int(rollout_timeout_s * 1000))
 
 
 class ClaudeCodeAdapter(CliHarnessAdapter):
@@ -73,6 +83,8 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
+            "API_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
         }
         if self.mcp_servers:
             # -p starts MCP servers in the background and may make its first call before they connect;

@@ -50,6 +50,16 @@ def test_claude_code_plan_narrows_tools_and_points_every_model_at_the_policy() -
     assert plan.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
 
 
+def test_claude_code_waits_for_a_slow_first_token_as_long_as_the_rollout_may_run() -> None:
+    """Its client drops a call with no byte for 300 s (a queued 4k-token prefill on a loaded CPU takes longer):
+    the client timeouts follow the rollout's limit, never below Claude Code's own floor."""
+    slow = HarnessContext(sandbox=SandboxStub(), task=write_task(), base_url="http://127.0.0.1:9/rollouts/r1",
+                          api_key="sk-test", model_name="policy", timeout_s=1200)  # type: ignore[arg-type]
+    plan = ClaudeCodeAdapter().plan(slow, "/root/h")
+    assert plan.env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == plan.env["API_TIMEOUT_MS"] == "1200000"
+    assert ClaudeCodeAdapter().plan(ctx(), "/root/h").env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == "300000"
+
+
 def test_codex_config_is_valid_toml_with_mcp_and_no_outbound_features() -> None:
     server = McpServer(name="search", command="/usr/bin/env", args=("A=1", "python3", "s.py"), env={"K": "v"})
     adapter = CodexAdapter(mcp_servers=[server])
