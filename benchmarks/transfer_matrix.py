@@ -142,8 +142,12 @@ class _Null:
 
 
 # ------------------------------------------------------------------------------------------- one arm
-def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings) -> list[str]:
-    """The main job's recipe for this arm and seed (later entries win)."""
+TRAINER_EVAL_OFF = ["env.eval_tasks=1", "eval.repeats=1", "eval.every=0"]
+"""The trainer's own end-of-run evaluation, shrunk to one rollout: the matrix evaluates every policy itself."""
+
+
+def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, *, training: bool = False) -> list[str]:
+    """The main job's recipe for this arm and seed (later entries win); `training` adds TRAINER_EVAL_OFF."""
     from trainers.main_job import main_job_overrides
 
     harnesses = ARMS[arm]
@@ -154,7 +158,8 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings) 
     if settings.quick:
         overrides += QUICK
     return [*overrides, f"seed={seed}", "env.suite_seed=0", "eval.at_start=false", "checkpoint.resume=auto",
-            "logging.progress=false", "logging.tensorboard=false", *settings.overrides]  # fmt: skip
+            "logging.progress=false", "logging.tensorboard=false", *settings.overrides,
+            *(TRAINER_EVAL_OFF if training else [])]  # fmt: skip
 
 
 def train_arm(arm: str, seed: int, out: Path, settings: MatrixSettings) -> tuple[Any, TrainingRecord]:
@@ -163,7 +168,7 @@ def train_arm(arm: str, seed: int, out: Path, settings: MatrixSettings) -> tuple
     from trainers.main import compose
 
     run_dir = out / "train" / f"{_slug(arm)}-seed{seed}"
-    cfg = compose(arm_overrides(arm, seed, run_dir, settings))
+    cfg = compose(arm_overrides(arm, seed, run_dir, settings, training=True))
     if cfg.checkpoint.every == 0 or cfg.steps % cfg.checkpoint.every:  # the final weights must be saved
         cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"every": cfg.steps})})
     start = time.perf_counter()
@@ -175,7 +180,7 @@ def train_arm(arm: str, seed: int, out: Path, settings: MatrixSettings) -> tuple
         raise RuntimeError(f"training {arm} (seed {seed}) wrote no checkpoint at {checkpoint}; see {run_dir}")
     record = TrainingRecord(arm=arm, seed=seed, run_dir=str(run_dir), trained_now=not done,
                             wall_s=time.perf_counter() - start, checkpoint=str(checkpoint))  # fmt: skip
-    return cfg, record
+    return compose(arm_overrides(arm, seed, run_dir, settings)), record
 
 
 def _evaluation_arguments(cfg: Any, checkpoint: Path | None, seed: int) -> dict[str, Any]:
