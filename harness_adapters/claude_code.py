@@ -5,10 +5,12 @@
 Traps handled here (docs/harnesses.md): as root, skipping permissions needs IS_SANDBOX=1; stream-json needs
 --verbose; without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC a title side call reaches the policy; the
 default tool set is ~64k characters of schemas (too long for a small model), so `--tools` narrows it;
-retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx); its client gives up on a
-call that streams nothing for 300 s (`CLAUDE_STREAM_IDLE_TIMEOUT_MS`, default and floor) or lasts 600 s
-(`API_TIMEOUT_MS`), which a CPU policy's first token can exceed when several ~4k-token Claude Code prompts
-queue for prefill, so both are set to the rollout's own time limit (the rollout's timeout is the one guard).
+retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx). A call whose first byte
+takes 300 s is dropped three ways: Bun's fetch idle timeout (lifted by `API_FORCE_IDLE_TIMEOUT=0`), the
+stream idle watchdog (`CLAUDE_STREAM_IDLE_TIMEOUT_MS`, 300 s at least) and the request timeout
+(`API_TIMEOUT_MS`, 600 s). A CPU policy's first token can take that long when several ~4k-token Claude Code
+prompts queue for prefill on a loaded machine, so the watchdogs follow the rollout's own time limit (the
+rollout timeout stays the one guard against a hung call).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
+            "API_FORCE_IDLE_TIMEOUT": "0",
             "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
             "API_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
         }
