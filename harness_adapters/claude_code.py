@@ -10,7 +10,10 @@ takes 300 s is dropped three ways: Bun's fetch idle timeout (lifted by `API_FORC
 stream idle watchdog (`CLAUDE_STREAM_IDLE_TIMEOUT_MS`, 300 s at least) and the request timeout
 (`API_TIMEOUT_MS`, 600 s). A CPU policy's first token can take that long when several ~4k-token Claude Code
 prompts queue for prefill on a loaded machine, so the watchdogs follow the rollout's own time limit (the
-rollout timeout stays the one guard against a hung call).
+rollout timeout stays the one guard against a hung call). Auto memory is off
+(`CLAUDE_CODE_DISABLE_AUTO_MEMORY`): a rollout's home is thrown away, so there is nothing to remember, and
+its system-prompt section (~500 tokens telling the model to "write to it directly with the Write tool" and
+index it in MEMORY.md) made the 0.5B policy write MEMORY.md instead of the task's file.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
+            "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
             "API_FORCE_IDLE_TIMEOUT": "0",
             "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
             "API_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),

@@ -48,6 +48,7 @@ def test_claude_code_plan_narrows_tools_and_points_every_model_at_the_policy() -
     assert plan.env["ANTHROPIC_MODEL"] == plan.env["ANTHROPIC_SMALL_FAST_MODEL"] == "policy"
     assert plan.env["CLAUDE_CODE_MAX_RETRIES"] == "2" and plan.env["IS_SANDBOX"] == "1"
     assert plan.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert plan.env["CLAUDE_CODE_DISABLE_AUTO_MEMORY"] == "1"  # its prompt section lured the policy to MEMORY.md
 
 
 def test_claude_code_waits_for_a_slow_first_token_as_long_as_the_rollout_may_run() -> None:
