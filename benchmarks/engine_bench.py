@@ -5,6 +5,14 @@
     .venv/bin/python -m benchmarks.engine_bench --model qwen2.5-coder-0.5b --prompt-tokens 512 --new-tokens 16 --concurrency 4
 
 Each ratio compares two configurations measured in the same run on the same prompts.
+
+    .venv/bin/python -m benchmarks.engine_bench --compare-engines --model tiny-qwen3-h64 --concurrency 8
+
+compares engines instead (transformers, in-process vLLM, one vLLM server) on the same batch of
+multi-call rollouts (a shared system prompt, each call extending the previous one): start-up time,
+wall time, generated tokens/s, prompt tokens served from vLLM's prefix cache, peak RSS of the engine's
+processes. vLLM runs float32 on CPU like the transformers engine (a fair comparison of the engines,
+not of the dtypes).
 """
 
 from __future__ import annotations
@@ -69,7 +77,9 @@ async def bench(args) -> dict:
     prompts = [make_prompt(tokenizer, args.prompt_tokens // 4, salt=i) for i in range(args.concurrency)]
     params = [SamplingParams(max_tokens=args.new_tokens, seed=i, **greedy) for i in range(args.concurrency)]
     serial = TransformersEngine(model, tokenizer, max_batch_size=1, prefix_cache_entries=0, stop_token_ids=no_stop)
-    batched = TransformersEngine(model, tokenizer, max_batch_size=args.concurrency, prefix_cache_entries=0, stop_token_ids=no_stop)
+    batched = TransformersEngine(
+        model, tokenizer, max_batch_size=args.concurrency, prefix_cache_entries=0, stop_token_ids=no_stop
+    )
     _, t_serial = await timed(asyncio.gather(*(serial.generate(p, s) for p, s in zip(prompts, params))))
     _, t_batched = await timed(asyncio.gather(*(batched.generate(p, s) for p, s in zip(prompts, params))))
     total = args.concurrency * args.new_tokens
@@ -83,7 +93,11 @@ async def bench(args) -> dict:
         start = time.perf_counter()
         for turn in range(4):
             g = await engine.generate(p, SamplingParams(max_tokens=args.new_tokens // 2 or 1, seed=turn, **greedy))
-            p = p + g.token_ids + tokenizer.encode(f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n")
+            p = (
+                p
+                + g.token_ids
+                + tokenizer.encode(f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n")
+            )
         return time.perf_counter() - start
 
     t_nocache = await rollout(TransformersEngine(model, tokenizer, prefix_cache_entries=0, stop_token_ids=no_stop))
@@ -97,6 +111,92 @@ async def bench(args) -> dict:
     return results
 
 
+def tree_rss_mb(pid: int | None = None) -> float:
+    """Resident memory of a process and its children (vLLM's engine-core and server processes)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    procs = [proc, *proc.children(recursive=True)]
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+async def rollouts(engine, tokenizer, n: int, calls: int, prompt_tokens: int, new_tokens: int) -> tuple[float, int]:
+    """n concurrent rollouts of `calls` calls each, behind one shared system prompt; (wall s, generated tokens)."""
+    system = make_prompt(tokenizer, prompt_tokens, salt=7)
+    tail = tokenizer.encode("<|im_end|>\n<|im_start|>user\ntool result<|im_end|>\n<|im_start|>assistant\n")
+
+    async def one(i: int) -> int:
+        p = system + tokenizer.encode(f"task {i}")
+        made = 0
+        for turn in range(calls):
+            g = await engine.generate(p, SamplingParams(max_tokens=new_tokens, seed=100 * i + turn, stop_token_ids=()))
+            made += len(g.token_ids)
+            p = p + g.token_ids + tail
+        return made
+
+    start = time.perf_counter()
+    made = await asyncio.gather(*(one(i) for i in range(n)))
+    return time.perf_counter() - start, sum(made)
+
+
+async def compare_engines(args) -> dict:
+    import psutil
+
+    from clawgym_env.engines.vllm_engine import VLLMEngine
+    from clawgym_env.engines.vllm_server import VLLMServerPool
+
+    results: dict = {"model": args.model, "concurrency": args.concurrency, "load_avg_1min": psutil.getloadavg()[0]}
+    model, tokenizer = load_policy_model(args.model)
+    work = dict(n=args.concurrency, calls=4, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
+    base_rss = tree_rss_mb()
+
+    t0 = time.perf_counter()
+    eng = TransformersEngine(model, tokenizer, max_batch_size=args.concurrency, stop_token_ids=set())
+    results["transformers_start_s"] = time.perf_counter() - t0
+    wall, made = await rollouts(eng, tokenizer, **work)
+    results["transformers_wall_s"], results["transformers_tok_s"] = wall, made / wall
+    results["transformers_rss_mb"] = tree_rss_mb()
+    eng.close()
+
+    for label in ("vllm_cold", "vllm_warm"):  # the second start finds vLLM's caches (.cache/vllm) filled
+        t0 = time.perf_counter()
+        veng = VLLMEngine(args.model, dtype="float32", max_model_len=4096, max_num_seqs=args.concurrency)
+        results[f"{label}_start_s"] = time.perf_counter() - t0
+        if label == "vllm_warm":
+            wall, made = await rollouts(veng, tokenizer, **work)
+            results["vllm_wall_s"], results["vllm_tok_s"] = wall, made / wall
+            results["vllm_prefix_cached_prompt_tokens"] = veng.stats.cached_prompt_tokens
+            results["vllm_prompt_tokens"] = veng.stats.prompt_tokens
+            results["vllm_rss_mb"] = tree_rss_mb() - base_rss
+        veng.close()
+        del veng
+
+    t0 = time.perf_counter()
+    pool = await asyncio.to_thread(
+        VLLMServerPool.launch, args.model, 1, dtype="float32", max_model_len=4096, max_batch_size=args.concurrency
+    )
+    results["server_start_s"] = time.perf_counter() - t0
+    try:
+        wall, made = await rollouts(pool, tokenizer, **work)
+        results["server_wall_s"], results["server_tok_s"] = wall, made / wall
+        results["server_rss_mb"] = tree_rss_mb(pool.servers[0].proc.pid)
+        state = model.state_dict()
+        t0 = time.perf_counter()
+        await pool.aupdate_weights(state, 1)
+        results["server_weight_sync_s"] = time.perf_counter() - t0
+    finally:
+        await pool.aclose()
+    results["vllm_vs_transformers_tok_s"] = results["vllm_tok_s"] / results["transformers_tok_s"]
+    results["load_avg_1min_end"] = psutil.getloadavg()[0]
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-qwen3")
@@ -104,10 +204,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument(
+        "--compare-engines", action="store_true", help="transformers vs in-process vLLM vs a vLLM server"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = asyncio.run(bench(args))
+    results = asyncio.run(compare_engines(args) if args.compare_engines else bench(args))
     width = max(len(k) for k in results)
     for key, value in results.items():
         print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")

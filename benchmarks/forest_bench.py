@@ -66,7 +66,15 @@ def bench_token_ratio(rollouts: int) -> dict[str, dict[str, float]]:
         keep = shape.pop("keep", False)
         unique = branch = 0
         for seed in range(rollouts):
-            r = synthetic_rollout(seed, turns=12, system_tokens=3000, tools_tokens=6000, gen_tokens=(100, 400), tool_tokens=(100, 600), **shape)
+            r = synthetic_rollout(
+                seed,
+                turns=12,
+                system_tokens=3000,
+                tools_tokens=6000,
+                gen_tokens=(100, 400),
+                tool_tokens=(100, 600),
+                **shape,
+            )
             f = build_forest(r.calls, rollout_id="r0", options=ForestOptions(drop_dead_leaves=not keep, max_leaves=64))
             unique += f.stats.unique_tokens
             branch += f.stats.branch_tokens
@@ -82,8 +90,15 @@ def tree_forest(prefix: int, branches: int, branch_len: int, vocab: int):
     for b in range(branches):
         gen = torch.randint(100, vocab, (branch_len,), generator=g).tolist()
         calls.append(
-            ModelCall(rollout_id="bench", call_index=b, api_style="openai-chat", request={}, prompt_ids=shared,
-                      generated_ids=gen, logprobs=[-1.0] * branch_len)  # fmt: skip
+            ModelCall(
+                rollout_id="bench",
+                call_index=b,
+                api_style="openai-chat",
+                request={},
+                prompt_ids=shared,
+                generated_ids=gen,
+                logprobs=[-1.0] * branch_len,
+            )
         )
     return build_forest(calls, rollout_id="bench", options=ForestOptions(max_leaves=branches))
 
@@ -94,9 +109,16 @@ def bench_training(prefix: int, branches: int, branch_len: int, repeats: int) ->
     torch.manual_seed(0)
     vocab = 32_000
     config = Qwen3Config(
-        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=32, vocab_size=vocab, max_position_embeddings=8192, attn_implementation="sdpa",
-    )  # fmt: skip
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        vocab_size=vocab,
+        max_position_embeddings=8192,
+        attn_implementation="sdpa",
+    )
     model = Qwen3ForCausalLM(config).float()
     batch = pack_forest(tree_forest(prefix, branches, branch_len, vocab))
     branch_ids = torch.stack([batch.input_ids[0, nodes] for nodes in batch.unpack(torch.arange(batch.num_tokens))])
@@ -149,18 +171,28 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     a, c = results["a_reconstruction"], results["c_train_step_cpu"]
-    print(f"(a) reconstruction: {a['rollouts']} rollouts, {a['unique_tokens']:,} unique tokens "
-          f"({a['call_tokens']:,} tokens across all calls) in {a['seconds']:.2f} s")  # fmt: skip
-    print(f"    {a['unique_tokens_per_s'] / 1e6:.2f} M unique tokens/s  (target > 1 M/s)   "
-          f"{a['call_tokens_per_s'] / 1e6:.1f} M call tokens/s")  # fmt: skip
-    print(f"    for scale, JSON parsing of the same calls: {a['json_parse_seconds_same_calls']:.2f} s; "
-          f"list->numpy inside reconstruction: {a['of_which_list_to_numpy_seconds']:.2f} s")  # fmt: skip
+    print(
+        f"(a) reconstruction: {a['rollouts']} rollouts, {a['unique_tokens']:,} unique tokens "
+        f"({a['call_tokens']:,} tokens across all calls) in {a['seconds']:.2f} s"
+    )
+    print(
+        f"    {a['unique_tokens_per_s'] / 1e6:.2f} M unique tokens/s  (target > 1 M/s)   "
+        f"{a['call_tokens_per_s'] / 1e6:.1f} M call tokens/s"
+    )
+    print(
+        f"    for scale, JSON parsing of the same calls: {a['json_parse_seconds_same_calls']:.2f} s; "
+        f"list->numpy inside reconstruction: {a['of_which_list_to_numpy_seconds']:.2f} s"
+    )
     print("(b) tokens computed, packed / per-branch:")
     for name, row in results["b_packed_over_per_branch_tokens"].items():
-        print(f"    {name:42s} {row['unique_tokens']:>9,} / {row['branch_tokens']:>9,} = {row['packed_over_per_branch']:.3f}")
-    print(f"(c) forward+backward on CPU ({c['threads']} threads), prefix + 4 branches: packed {c['packed_tokens']:,} tokens "
-          f"{c['packed_s']:.2f} s vs per-branch {c['per_branch_tokens']:,} tokens {c['per_branch_s']:.2f} s "
-          f"-> {c['speedup']:.2f}x (target >= 1.4x)")  # fmt: skip
+        print(
+            f"    {name:42s} {row['unique_tokens']:>9,} / {row['branch_tokens']:>9,} = {row['packed_over_per_branch']:.3f}"
+        )
+    print(
+        f"(c) forward+backward on CPU ({c['threads']} threads), prefix + 4 branches: packed {c['packed_tokens']:,} tokens "
+        f"{c['packed_s']:.2f} s vs per-branch {c['per_branch_tokens']:,} tokens {c['per_branch_s']:.2f} s "
+        f"-> {c['speedup']:.2f}x (target >= 1.4x)"
+    )
 
 
 if __name__ == "__main__":

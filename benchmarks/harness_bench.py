@@ -38,7 +38,7 @@ HARNESSES = ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox")
 OPENCLAW_VARIANTS = {
     "default (read-only pre-built compile cache)": {},
     "no pre-built cache (OpenClaw's own, cold in the private /tmp)": {"compile_cache": False},
-}  # fmt: skip
+}
 
 
 class RssSampler:
@@ -74,19 +74,36 @@ class RssSampler:
 
 async def one(harness: str, adapter, proxy, backend, tokenizer, renderer) -> dict:
     engine = ScriptedTestEngine(tokenizer, [health_write_call(harness), "Done."])
-    task = TaskSpec(id=f"bench-{harness}", instruction="Write ok into health.txt.", verifier=health_verifier, timeout_s=180)
+    task = TaskSpec(
+        id=f"bench-{harness}", instruction="Write ok into health.txt.", verifier=health_verifier, timeout_s=180
+    )
     with RssSampler() as rss:
         t0 = time.perf_counter()
-        result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=renderer),
-                                   backend=backend, proxy=proxy, options=EnvOptions(max_calls=8))
+        result = await run_rollout(
+            task=task,
+            adapter=adapter,
+            policy=Policy(engine=engine, renderer=renderer),
+            backend=backend,
+            proxy=proxy,
+            options=EnvOptions(max_calls=8),
+        )
         wall = time.perf_counter() - t0
     cpu = sum(rss.cpu.values())  # sampled: a process's last <50 ms slice before it exits is missed
     model_s = sum(c.timings.total_s for c in result.calls)
     hr = result.harness_result
-    return {"harness": harness, "ok": result.status == "ok" and result.reward == 1.0, "calls": len(result.calls),
-            "wall_s": wall, "harness_s": hr.wall_s if hr else 0.0, "startup_s": hr.startup_s if hr else None,
-            "model_s": model_s, "overhead_s": wall - model_s, "peak_rss_mb": rss.peak / 2**20, "cpu_s": cpu,
-            "failure": result.failure.reason[:100] if result.failure else ""}
+    return {
+        "harness": harness,
+        "ok": result.status == "ok" and result.reward == 1.0,
+        "calls": len(result.calls),
+        "wall_s": wall,
+        "harness_s": hr.wall_s if hr else 0.0,
+        "startup_s": hr.startup_s if hr else None,
+        "model_s": model_s,
+        "overhead_s": wall - model_s,
+        "peak_rss_mb": rss.peak / 2**20,
+        "cpu_s": cpu,
+        "failure": result.failure.reason[:100] if result.failure else "",
+    }
 
 
 def fit(row: dict) -> tuple[int, int]:
@@ -110,36 +127,50 @@ async def main(repeats: int, openclaw_variants: bool) -> None:
             from harness_adapters.openclaw import OpenClawAdapter
 
             if OpenClawAdapter().compile_cache_dir() is None:
-                print("note: no pre-built OpenClaw compile cache (python -m harness_adapters.openclaw --build-compile-cache)")
+                print(
+                    "note: no pre-built OpenClaw compile cache (python -m harness_adapters.openclaw --build-compile-cache)"
+                )
             for _ in range(repeats):
                 for label, options in OPENCLAW_VARIANTS.items():
                     row = await one("OpenClaw", OpenClawAdapter(**options), proxy, backend, tokenizer, renderer)
                     variant_rows.append((label, row))
 
-    print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().available / 2**30:.1f} GiB available, "
-          f"load avg {os.getloadavg()[0]:.1f}")
-    head = f"{'harness':<11}{'ok':>4}{'calls':>6}{'wall s':>8}{'start-up s':>11}{'model s':>9}{'overhead s':>11}" \
-           f"{'peak RSS MB':>12}{'CPU s':>7}{'fit(mem)':>9}{'fit(cpu)':>9}"
+    print(
+        f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().available / 2**30:.1f} GiB available, "
+        f"load avg {os.getloadavg()[0]:.1f}"
+    )
+    head = (
+        f"{'harness':<11}{'ok':>4}{'calls':>6}{'wall s':>8}{'start-up s':>11}{'model s':>9}{'overhead s':>11}"
+        f"{'peak RSS MB':>12}{'CPU s':>7}{'fit(mem)':>9}{'fit(cpu)':>9}"
+    )
     print(head)
     base = next((r for r in rows if r["harness"] == "WhiteBox"), None)
     for r in rows:
         by_mem, by_cpu = fit(r)
         start = f"{r['startup_s']:.2f}" if r["startup_s"] is not None else "-"
-        print(f"{r['harness']:<11}{'yes' if r['ok'] else 'NO':>4}{r['calls']:>6}{r['wall_s']:>8.2f}{start:>11}"
-              f"{r['model_s']:>9.3f}{r['overhead_s']:>11.2f}{r['peak_rss_mb']:>12.0f}{r['cpu_s']:>7.2f}{by_mem:>9}{by_cpu:>9}"
-              + (f"  {r['failure']}" if r["failure"] else ""))
+        print(
+            f"{r['harness']:<11}{'yes' if r['ok'] else 'NO':>4}{r['calls']:>6}{r['wall_s']:>8.2f}{start:>11}"
+            f"{r['model_s']:>9.3f}{r['overhead_s']:>11.2f}{r['peak_rss_mb']:>12.0f}{r['cpu_s']:>7.2f}{by_mem:>9}{by_cpu:>9}"
+            + (f"  {r['failure']}" if r["failure"] else "")
+        )
     if base:
-        print("wall time relative to the white-box loop: " + ", ".join(
-            f"{r['harness']} {r['wall_s'] / max(base['wall_s'], 1e-3):.1f}x" for r in rows if r is not base))
+        print(
+            "wall time relative to the white-box loop: "
+            + ", ".join(f"{r['harness']} {r['wall_s'] / max(base['wall_s'], 1e-3):.1f}x" for r in rows if r is not base)
+        )
     for label, r in variant_rows:
         start = f"{r['startup_s']:.1f}" if r["startup_s"] is not None else "-"
-        print(f"OpenClaw [{label}]: ok={r['ok']} wall {r['wall_s']:.1f} s, start-up {start} s, CPU {r['cpu_s']:.1f} s, "
-              f"peak RSS {r['peak_rss_mb']:.0f} MB")
+        print(
+            f"OpenClaw [{label}]: ok={r['ok']} wall {r['wall_s']:.1f} s, start-up {start} s, CPU {r['cpu_s']:.1f} s, "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB"
+        )
     for label in OPENCLAW_VARIANTS if variant_rows else []:
         mine = [r for name, r in variant_rows if name == label]
         mean = {k: sum(r[k] or 0.0 for r in mine) / len(mine) for k in ("wall_s", "startup_s", "cpu_s")}
-        print(f"OpenClaw mean of {len(mine)} [{label}]: wall {mean['wall_s']:.1f} s, start-up {mean['startup_s']:.1f} s, "
-              f"CPU {mean['cpu_s']:.1f} s")
+        print(
+            f"OpenClaw mean of {len(mine)} [{label}]: wall {mean['wall_s']:.1f} s, start-up {mean['startup_s']:.1f} s, "
+            f"CPU {mean['cpu_s']:.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,16 @@ def run(algorithm: str, seed: int, overrides: list[str], out: Path) -> dict[str,
     """One algorithm at one seed; the untrained policy's start evaluation is shared through <out>/eval-cache
     (the other algorithm at the same seed starts from the same policy, tasks and sampling seed)."""
     run_dir = out / f"{algorithm}-seed{seed}"
-    cfg = compose([f"algorithm={algorithm}", f"seed={seed}", f"run_dir={run_dir}", "logging.progress=false",
-                   f"eval.cache_dir={out / 'eval-cache'}", *overrides])  # fmt: skip
+    cfg = compose(
+        [
+            f"algorithm={algorithm}",
+            f"seed={seed}",
+            f"run_dir={run_dir}",
+            "logging.progress=false",
+            f"eval.cache_dir={out / 'eval-cache'}",
+            *overrides,
+        ]
+    )
     start = time.perf_counter()
     summary = finished_summary(run_dir, cfg)
     if summary is not None:
@@ -59,9 +67,16 @@ def run(algorithm: str, seed: int, overrides: list[str], out: Path) -> dict[str,
         summary = train(cfg)
     start_reward = (summary.get("eval_start") or {}).get("eval_reward_mean", float("nan"))
     end_reward = (summary.get("eval_end") or {}).get("eval_reward_mean", float("nan"))
-    return {"algorithm": algorithm, "seed": seed, "start": start_reward, "end": end_reward,
-            "gain": end_reward - start_reward, "wall_s": time.perf_counter() - start, "run_dir": str(run_dir),
-            "warm_start": summary["stages"].get("warm_start")}  # fmt: skip
+    return {
+        "algorithm": algorithm,
+        "seed": seed,
+        "start": start_reward,
+        "end": end_reward,
+        "gain": end_reward - start_reward,
+        "wall_s": time.perf_counter() - start,
+        "run_dir": str(run_dir),
+        "warm_start": summary["stages"].get("warm_start"),
+    }
 
 
 def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -69,8 +84,13 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     gains = np.array([r["gain"] for r in rows])
     noise = float(max(starts.std(ddof=1) if len(rows) > 1 else 0.0, gains.std(ddof=1) if len(rows) > 1 else 0.0))
     mean_gain = float(gains.mean())
-    return {"start_mean": float(starts.mean()), "end_mean": float(np.mean([r["end"] for r in rows])),
-            "gain_mean": mean_gain, "noise": noise, "learned": bool(mean_gain > 0 and mean_gain > noise)}  # fmt: skip
+    return {
+        "start_mean": float(starts.mean()),
+        "end_mean": float(np.mean([r["end"] for r in rows])),
+        "gain_mean": mean_gain,
+        "noise": noise,
+        "learned": bool(mean_gain > 0 and mean_gain > noise),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -88,7 +108,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (args.out / "learning_curve.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"{'algorithm':<8}{'start':>8}{'end':>8}{'gain':>8}{'noise':>8}  learned")
     for algorithm, r in report["algorithms"].items():
-        print(f"{algorithm:<8}{r['start_mean']:>8.3f}{r['end_mean']:>8.3f}{r['gain_mean']:>8.3f}{r['noise']:>8.3f}  {r['learned']}")
+        print(
+            f"{algorithm:<8}{r['start_mean']:>8.3f}{r['end_mean']:>8.3f}{r['gain_mean']:>8.3f}{r['noise']:>8.3f}  {r['learned']}"
+        )
     print(f"details: {args.out / 'learning_curve.json'}")
     return report
 

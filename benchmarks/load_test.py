@@ -68,14 +68,22 @@ def memory_growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, top
     """The allocation sites (3 frames deep) that grew most between two snapshots, as printable lines."""
     lines = []
     for stat in after.compare_to(before, "traceback")[:top]:
-        where = " <- ".join(f"{f.filename.rsplit('/site-packages/', 1)[-1]}:{f.lineno}" for f in reversed(stat.traceback))
+        where = " <- ".join(
+            f"{f.filename.rsplit('/site-packages/', 1)[-1]}:{f.lineno}" for f in reversed(stat.traceback)
+        )
         lines.append(f"{stat.size_diff / 1024:+.1f} KiB {stat.count_diff:+d} blocks at {where}")
     return lines
 
 
-def run_load(concurrency: int = 64, duration_s: float = 300.0, harness: str = "FaultyHarnessTestDouble",
-             max_rollouts: int | None = None, work_dir: Path | None = None, trace_top: int = 0,
-             keep_closed: int | None = None) -> dict[str, Any]:  # fmt: skip
+def run_load(
+    concurrency: int = 64,
+    duration_s: float = 300.0,
+    harness: str = "FaultyHarnessTestDouble",
+    max_rollouts: int | None = None,
+    work_dir: Path | None = None,
+    trace_top: int = 0,
+    keep_closed: int | None = None,
+) -> dict[str, Any]:
     """Keep `concurrency` rollouts in flight for `duration_s` (or until `max_rollouts`); return the numbers.
 
     keep_closed sets the proxy's table of closed rollouts' stats (default 1024) to see it stay bounded.
@@ -95,15 +103,22 @@ def run_load(concurrency: int = 64, duration_s: float = 300.0, harness: str = "F
         clawgym_env.register(name=doubles.SUITE_NAME, tasks=[doubles.fault_task("ok", i) for i in range(4)])
     work = Path(work_dir or tempfile.mkdtemp(prefix="clawgym-load-"))
     sandbox_root = work / "sandboxes"
-    env = clawgym_env.make(f"{doubles.SUITE_NAME}-{harness}", run_dir=work / "run", backend_options={"root": str(sandbox_root)},
-                           max_calls=8, rollout_timeout_s=120)  # fmt: skip
+    env = clawgym_env.make(
+        f"{doubles.SUITE_NAME}-{harness}",
+        run_dir=work / "run",
+        backend_options={"root": str(sandbox_root)},
+        max_calls=8,
+        rollout_timeout_s=120,
+    )
     if harness == doubles.HARNESS_NAME:
         policy = doubles.scripted_policy()
     else:
         from tests.harnesses.helpers import scripted_policy, write_call
 
         done = "Done: the answer is written."
-        policy = scripted_policy(lambda prompt: done if prompt.count("<tool_response>") else write_call(harness, doubles.ANSWER))  # noqa: E501
+        policy = scripted_policy(
+            lambda prompt: done if prompt.count("<tool_response>") else write_call(harness, doubles.ANSWER)
+        )  # noqa: E501
     task = doubles.fault_task("ok", 0)
     statuses: dict[str, int] = {}
     calls = 0
@@ -182,7 +197,9 @@ def run_load(concurrency: int = 64, duration_s: float = 300.0, harness: str = "F
         "loop_tasks_left": held.get("loop_tasks"),
         "leaked_sandbox_dirs": len(leaked_dirs),
         "leaked_sandbox_processes": processes_naming(str(sandbox_root)),
-        "calls_log_mb": round((work / "run" / "calls.jsonl").stat().st_size / 2**20, 1) if (work / "run" / "calls.jsonl").exists() else 0.0,
+        "calls_log_mb": round((work / "run" / "calls.jsonl").stat().st_size / 2**20, 1)
+        if (work / "run" / "calls.jsonl").exists()
+        else 0.0,
     }
     if len(snapshots) == 2:
         report["traced_growth_kb_per_rollout"] = round(
@@ -200,8 +217,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=300.0)
     parser.add_argument("--max-rollouts", type=int, default=None)
-    parser.add_argument("--harness", default="FaultyHarnessTestDouble", help="FaultyHarnessTestDouble | Codex | ClaudeCode | Pi")
-    parser.add_argument("--trace-top", type=int, default=0, help="run under tracemalloc; list the N sites that grew most")
+    parser.add_argument(
+        "--harness", default="FaultyHarnessTestDouble", help="FaultyHarnessTestDouble | Codex | ClaudeCode | Pi"
+    )
+    parser.add_argument(
+        "--trace-top", type=int, default=0, help="run under tracemalloc; list the N sites that grew most"
+    )
     args = parser.parse_args(argv)
     report = run_load(args.concurrency, args.duration_s, args.harness, args.max_rollouts, trace_top=args.trace_top)
     print(json.dumps(report, indent=2))

@@ -112,7 +112,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_proxy(proxy: ServingProxy, policy: Policy, n: int, rollouts: int, calls_each: int, stream: bool) -> tuple[Result, list[list[int]]]:
+async def run_proxy(
+    proxy: ServingProxy, policy: Policy, n: int, rollouts: int, calls_each: int, stream: bool
+) -> tuple[Result, list[list[int]]]:
     latencies: list[float] = []
     errors = 0
     prompts: list[list[int]] = []
@@ -125,10 +127,15 @@ async def run_proxy(proxy: ServingProxy, policy: Policy, n: int, rollouts: int, 
             rid = f"r{next(counter)}-{time.monotonic_ns()}"
             route = proxy.open_rollout(rid, policy, RolloutLimits(max_calls=calls_each + 1))
             client = RawHttpClient(proxy.endpoint.host, proxy.endpoint.port or 0)
-            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {rid}"}]
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Task {rid}"},
+            ]
             try:
                 for _ in range(calls_each):
-                    body = json.dumps({"model": "policy", "messages": messages, "tools": TOOLS, "stream": stream}).encode()
+                    body = json.dumps(
+                        {"model": "policy", "messages": messages, "tools": TOOLS, "stream": stream}
+                    ).encode()
                     start = time.perf_counter()
                     status, data = await client.post(route.path_prefix + "/v1/chat/completions", body, route.api_key)
                     latencies.append(time.perf_counter() - start)
@@ -160,7 +167,9 @@ def _streamed_message(data: bytes) -> dict[str, Any]:
             for choice in json.loads(line[6:]).get("choices", ()):
                 text += choice["delta"].get("content") or ""
                 for tc in choice["delta"].get("tool_calls") or ():
-                    slot = calls.setdefault(tc["index"], {"id": tc.get("id"), "type": "function", "function": {"name": "", "arguments": ""}})
+                    slot = calls.setdefault(
+                        tc["index"], {"id": tc.get("id"), "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
                     slot["function"]["name"] += tc["function"].get("name") or ""
                     slot["function"]["arguments"] += tc["function"].get("arguments") or ""
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -198,7 +207,11 @@ async def bench(quick: bool) -> list[dict[str, Any]]:
                     calls_each = 4 if stream else 8
                     rollouts = max(n, (16 if stream else 32) // (2 if quick else 1))
                     script = lambda _p, it=iter(COMPLETIONS * 10**6): next(it)  # noqa: E731
-                    engine = PacedTestEngine(tokenizer, script, per_token) if stream else ScriptedTestEngine(tokenizer, script)
+                    engine = (
+                        PacedTestEngine(tokenizer, script, per_token)
+                        if stream
+                        else ScriptedTestEngine(tokenizer, script)
+                    )
                     policy = Policy(engine=engine, renderer=renderer)
                     await run_proxy(proxy, policy, n, min(rollouts, 4), 2, stream)  # warm-up (block cache, connections)
                     via_proxy, prompts = await run_proxy(proxy, policy, n, rollouts, calls_each, stream)
@@ -247,7 +260,9 @@ def main() -> None:
     sse = [r for r in rows if r["stream"]]
     print("\ntargets:")
     print(f"  added median latency, non-streamed, N=1: {json_ok[0]['added_median_ms']:.2f} ms (target < 2 ms)")
-    print(f"  added median latency, streamed, N=1: {100 * sse[0]['added_share_of_engine']:.1f}% of engine time (target < 5%)")
+    print(
+        f"  added median latency, streamed, N=1: {100 * sse[0]['added_share_of_engine']:.1f}% of engine time (target < 5%)"
+    )
     print(f"  errors at N=64: {sum(r['errors'] for r in rows if r['n'] == 64)} (target 0)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -85,9 +85,16 @@ async def scripted_recordings(out: Path) -> list[tuple[str, Path]]:
         t0 = time.perf_counter()
         result = await one_rollout(make(), scripted_policy(four_calls(harness)))
         name = f"{label} | {style} | scripted | read, write, read, answer"
-        print(f"{name}: {result.status} reward {result.reward} {len(result.calls)} calls {time.perf_counter() - t0:.1f}s", flush=True)
+        print(
+            f"{name}: {result.status} reward {result.reward} {len(result.calls)} calls {time.perf_counter() - t0:.1f}s",
+            flush=True,
+        )
         recorded.append((name, save(result.calls, out / f"scripted-{label}-{style}" / "calls.jsonl")))
-    mcp = [tool_call("mcp__workspace_search__search_workspace", {"query": "answer"}), write_call("Codex", "42"), "Done."]
+    mcp = [
+        tool_call("mcp__workspace_search__search_workspace", {"query": "answer"}),
+        write_call("Codex", "42"),
+        "Done.",
+    ]
     result = await one_rollout(CodexAdapter(mcp_servers=[workspace_search_server()]), scripted_policy(mcp))
     name = "Codex + MCP | openai-responses | scripted | MCP search, write, answer"
     print(f"{name}: {result.status} reward {result.reward} {len(result.calls)} calls", flush=True)
@@ -111,7 +118,10 @@ def model_recordings(out: Path) -> list[tuple[str, Path]]:
         _, reward, _, _, info = env.step(policy)
         env.close()
         name = f"{harness} | {style} | {MODEL} | ClawGymBench seed 0"
-        print(f"{name}: {info['status']} reward {reward} {info['num_calls']} calls {time.perf_counter() - t0:.1f}s", flush=True)
+        print(
+            f"{name}: {info['status']} reward {reward} {info['num_calls']} calls {time.perf_counter() - t0:.1f}s",
+            flush=True,
+        )
         recorded.append((name, run_dir / "calls.jsonl"))
     result = asyncio.run(one_rollout(OpenClawAdapter(api_style=ApiStyle.OPENAI_CHAT), policy, write_task()))
     name = f"OpenClaw | openai-chat | {MODEL} | write-answer task"

@@ -11,6 +11,11 @@ gives two times: until `destroy()` returns (what a rollout waits for) and until 
 (`wait_removed()`, the like of the bare cycle's rmtree). Sandboxes per second count all the work: the clock
 stops only once every removal and pool refill is done. The load average is printed before and after.
 Targets (docs/sandbox.md): ratio < 3x, >= 10 sandboxes/s on a 2-core machine.
+
+`--views hardened,main` also runs every set-up with main's earlier argument set (the whole host root
+read-only, no workspace tmpfs, the disk polled), in the same interleaved rounds, so one run shows what the
+hardening costs per cycle; `restart` is the median of `end_agent_processes()` (kill everything, check the
+cgroup empty, start a fresh init), which every verification adds once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from clawgym_env.sandbox.bwrap_args import INIT_INSIDE, PROXY_SOCKET_INSIDE
 from clawgym_env.sandbox.local import LocalSandbox, LocalSandboxBackend
 from clawgym_env.sandbox.workspace import materialize_workspace
 from clawgym_env.specs import TaskSpec
@@ -31,10 +37,76 @@ from clawgym_env.specs import TaskSpec
 FILES = {"input.txt": "hello sandbox\n" * 50, "data/numbers.csv": "a,b\n1,2\n3,4\n", "blob.bin": bytes(range(256)) * 16}
 COMMANDS = {
     # what a verifier typically runs: a small python check reading the workspace
-    "python": ["/usr/bin/python3", "-c", "import pathlib; pathlib.Path('out.txt').write_text(pathlib.Path('input.txt').read_text().upper())"],
+    "python": [
+        "/usr/bin/python3",
+        "-c",
+        "import pathlib; pathlib.Path('out.txt').write_text(pathlib.Path('input.txt').read_text().upper())",
+    ],
     # the pure fixed cost: a one-line shell command
     "shell": ["sh", "-c", "wc -l input.txt > out.txt"],
 }
+
+
+class MainArgsSandbox(LocalSandbox):
+    """A sandbox with the argument set of main before the hardening (for comparison only)."""
+
+    def _prepare_workspace(self) -> None:
+        self._quota = False  # no tmpfs: the disk limit is polled, as before
+
+    def _bwrap_args(self) -> list[str]:
+        b = self._backend
+        args = [
+            "--ro-bind",
+            "/",
+            "/",
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            self.id,
+            "--die-with-parent",
+            "--new-session",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+        ]
+        for private in ("/tmp", "/root", "/run"):
+            args += ["--size", str(self.limits.workspace_mb * 1024 * 1024), "--tmpfs", private]
+        for path in b.auto_binds:  # main bound back only what its private tmpfs hid
+            if str(path).startswith(("/tmp/", "/root/", "/run/")):
+                args += ["--ro-bind", str(path), str(path)]
+        args += ["--tmpfs", str(b.root)]
+        if self._proxy is not None and self._proxy.unix_socket is not None:
+            args += ["--ro-bind", str(self._proxy.unix_socket), PROXY_SOCKET_INSIDE]
+        if b.init_binary is not None:
+            args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
+        return args + [
+            "--bind",
+            str(self.workspace_dir),
+            self.workspace_path,
+            "--chdir",
+            self.workspace_path,
+            "--clearenv",
+        ]
+
+
+class MainArgsBackend(LocalSandboxBackend):
+    sandbox_class = MainArgsSandbox
+
+
+async def restart_time(backend: LocalSandboxBackend, task: TaskSpec, argv: list[str]) -> float:
+    async with await backend.create(task) as box:
+        await box.exec(argv)
+        start = time.perf_counter()
+        await box.end_agent_processes()
+        return time.perf_counter() - start
 
 
 def make_task() -> TaskSpec:
@@ -45,8 +117,9 @@ async def bare_cycle(task: TaskSpec, argv: list[str]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="clawgym-bare-"))
     try:
         materialize_workspace(task.workspace, folder)
-        process = await asyncio.create_subprocess_exec(*argv, cwd=folder, stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.PIPE)
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=folder, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
         await process.communicate()
         assert process.returncode == 0
     finally:
@@ -99,15 +172,29 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--pool", type=int, default=2, help="warm sandboxes kept ahead by the pooled backends")
     parser.add_argument("--inits", default="c,python", help="sandbox inits to compare (c, python)")
+    parser.add_argument("--views", default="hardened", help="argument sets to compare: hardened, main")
     args = parser.parse_args()
     task = make_task()
-    setups = [(f"{init} {'pooled' if pool else 'cold'}", {"init": init, "pool_size": pool})
-              for init in args.inits.split(",") for pool in (0, args.pool)]
-    backends = [(label, LocalSandboxBackend(**options)) for label, options in setups]
-    print(f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} interleaved rounds, "
-          f"{args.concurrency} concurrent, pools of {args.pool}; load average before: {load()}")
-    print(f"{'command':8} {'sandbox':13} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
-          f"{'bare/s':>7} {'sandboxes/s':>11}")
+    kinds = {"hardened": LocalSandboxBackend, "main": MainArgsBackend}
+    setups = [
+        (
+            f"{init} {'pooled' if pool else 'cold'}{' main' if view == 'main' else ''}",
+            kinds[view],
+            {"init": init, "pool_size": pool},
+        )
+        for view in args.views.split(",")
+        for init in args.inits.split(",")
+        for pool in (0, args.pool)
+    ]
+    backends = [(label, kind(**options)) for label, kind, options in setups]
+    print(
+        f"local sandbox benchmark: limits via {backends[0][1].limit_mode}, {args.rounds} interleaved rounds, "
+        f"{args.concurrency} concurrent, pools of {args.pool}; load average before: {load()}"
+    )
+    print(
+        f"{'command':8} {'sandbox':18} {'bare':>7} {'sandbox':>8} {'ratio':>6} {'+removal':>9} {'ratio':>6} "
+        f"{'bare/s':>7} {'sandboxes/s':>11}"
+    )
     try:
         for name, argv in COMMANDS.items():
             bare_times: list[float] = []
@@ -125,10 +212,20 @@ async def main() -> None:
             for label, backend in backends:
                 returned = statistics.median(t for t, _ in box_times[label])
                 removed = statistics.median(t for _, t in box_times[label])
-                box_rate = await rate_of(lambda b=backend, a=argv: sandbox_cycle(b, task, a), args.rounds * 2,
-                                         args.concurrency, settle=backend.settle)
-                print(f"{name:8} {label:13} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
-                      f"{ms(removed, 9)} {removed / bare:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}")
+                box_rate = await rate_of(
+                    lambda b=backend, a=argv: sandbox_cycle(b, task, a),
+                    args.rounds * 2,
+                    args.concurrency,
+                    settle=backend.settle,
+                )
+                print(
+                    f"{name:8} {label:18} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
+                    f"{ms(removed, 9)} {removed / bare:5.2f}x {bare_rate:7.1f} {box_rate:11.1f}"
+                )
+        for label, backend in backends:
+            if not backend.pool_size:
+                restarts = [await restart_time(backend, task, COMMANDS["shell"]) for _ in range(args.rounds)]
+                print(f"restart  {label:18} end_agent_processes median {ms(statistics.median(restarts))}")
     finally:
         for _, backend in backends:
             await backend.aclose()

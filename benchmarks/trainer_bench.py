@@ -35,10 +35,18 @@ def make_rollouts(n: int, vocab: int, scale: int, seed: int = 0) -> RolloutBatch
     forests = []
     for i in range(n):
         f = synthetic_forest(
-            seed * 1000 + i, vocab=vocab, rollout_id=f"r{i}", task_id=f"t{i % 2}", harness="OpenClaw",
-            mode="openclaw_chat", turns=6, retry_prob=0.3, system_tokens=6 * scale,
-            gen_tokens=(scale // 3, scale), tool_tokens=(scale // 2, 2 * scale),
-        )  # fmt: skip
+            seed * 1000 + i,
+            vocab=vocab,
+            rollout_id=f"r{i}",
+            task_id=f"t{i % 2}",
+            harness="OpenClaw",
+            mode="openclaw_chat",
+            turns=6,
+            retry_prob=0.3,
+            system_tokens=6 * scale,
+            gen_tokens=(scale // 3, scale),
+            tool_tokens=(scale // 2, 2 * scale),
+        )
         f.reward = float(i % 3 == 0)
         forests.append(f)
     prompts: dict[str, np.ndarray] = {}
@@ -114,15 +122,21 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"model {args.model} on {args.device}, {args.rollouts} rollouts, {int(unique)} unique tokens, "
-          f"{int(result['branch_tokens'])} branch tokens ({result['token_ratio']:.2f}x), {int(result['trained_tokens'])} trained")  # fmt: skip
+    print(
+        f"model {args.model} on {args.device}, {args.rollouts} rollouts, {int(unique)} unique tokens, "
+        f"{int(result['branch_tokens'])} branch tokens ({result['token_ratio']:.2f}x), {int(result['trained_tokens'])} trained"
+    )
     print(f"{'mode':<12}{'update s':>10}{'unique tok/s':>15}")
     print(f"{'packed':<12}{packed_s:>10.2f}{result['packed_unique_tok_per_s']:>15.0f}")
-    print(f"{'+ shared':<12}{shared_s:>10.2f}{result['shared_unique_tok_per_s']:>15.0f}   "
-          f"({int(shared_m['unique_tokens'])} packed tokens: the group prompt once per micro-batch)")  # fmt: skip
+    print(
+        f"{'+ shared':<12}{shared_s:>10.2f}{result['shared_unique_tok_per_s']:>15.0f}   "
+        f"({int(shared_m['unique_tokens'])} packed tokens: the group prompt once per micro-batch)"
+    )
     print(f"{'per-branch':<12}{branch_s:>10.2f}{result['per_branch_unique_tok_per_s']:>15.0f}")
-    print(f"speedup packed / per-branch: {result['speedup']:.2f}x, with shared prompts {result['speedup_shared']:.2f}x   "
-          f"(losses {result['loss_packed']:.6f}, {result['loss_shared']:.6f} vs {result['loss_per_branch']:.6f})")  # fmt: skip
+    print(
+        f"speedup packed / per-branch: {result['speedup']:.2f}x, with shared prompts {result['speedup_shared']:.2f}x   "
+        f"(losses {result['loss_packed']:.6f}, {result['loss_shared']:.6f} vs {result['loss_per_branch']:.6f})"
+    )
 
 
 if __name__ == "__main__":

@@ -87,7 +87,11 @@ class Cell(BaseModel):
         if self.arm == UNTRAINED:
             if self.before_mean is None:
                 return "to run"
-            return f"{self.before_mean:.3f} ±{self.noise:.3f} (n={self.seeds})" if self.noise is not None else f"{self.before_mean:.3f} (n={self.seeds})"
+            return (
+                f"{self.before_mean:.3f} ±{self.noise:.3f} (n={self.seeds})"
+                if self.noise is not None
+                else f"{self.before_mean:.3f} (n={self.seeds})"
+            )
         if self.gain_mean is None:
             return "to run"
         noise = f"±{self.noise:.3f}" if self.noise is not None else "±?"
@@ -115,7 +119,9 @@ class MatrixReport(BaseModel):
     wall_s: float = 0.0
 
     def table(self) -> Table:
-        table = Table(title=f"{SUITE} transfer matrix: {self.model}, GRPO; held-out reward before→after (gain ±noise, seeds)")
+        table = Table(
+            title=f"{SUITE} transfer matrix: {self.model}, GRPO; held-out reward before→after (gain ±noise, seeds)"
+        )
         table.add_column("trained in", no_wrap=True)
         for h in self.settings.eval_harnesses:
             table.add_column(f"evaluated in {h}", justify="right", no_wrap=True)
@@ -128,8 +134,10 @@ class MatrixReport(BaseModel):
         console.print(self.table())
         for h, d in self.mixed_vs_single.items():
             if d.get("difference") is not None:
-                console.print(f"mixed vs single in {h}: gain {d['mixed_gain']:+.3f} vs {d['single_gain']:+.3f} "
-                              f"(difference {d['difference']:+.3f} ±{d['noise']:.3f})")  # fmt: skip
+                console.print(
+                    f"mixed vs single in {h}: gain {d['mixed_gain']:+.3f} vs {d['single_gain']:+.3f} "
+                    f"(difference {d['difference']:+.3f} ±{d['noise']:.3f})"
+                )
         return console.export_text()
 
 
@@ -151,15 +159,24 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
     from trainers.main_job import main_job_overrides
 
     harnesses = ARMS[arm]
-    overrides = main_job_overrides(mix=len(harnesses) > 1, whitebox=harnesses == ["WhiteBox"], quick=settings.quick,
-                                   run_dir=run_dir)  # fmt: skip
+    overrides = main_job_overrides(
+        mix=len(harnesses) > 1, whitebox=harnesses == ["WhiteBox"], quick=settings.quick, run_dir=run_dir
+    )
     if len(harnesses) == 1 and harnesses != ["WhiteBox"]:
         overrides.append(f"env.ids=[{SUITE}-{harnesses[0]}]")
     if settings.quick:
         overrides += QUICK
-    return [*overrides, f"seed={seed}", "env.suite_seed=0", "eval.at_start=false", "checkpoint.resume=auto",
-            "logging.progress=false", "logging.tensorboard=false", *settings.overrides,
-            *(TRAINER_EVAL_OFF if training else [])]  # fmt: skip
+    return [
+        *overrides,
+        f"seed={seed}",
+        "env.suite_seed=0",
+        "eval.at_start=false",
+        "checkpoint.resume=auto",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *settings.overrides,
+        *(TRAINER_EVAL_OFF if training else []),
+    ]
 
 
 def train_arm(arm: str, seed: int, out: Path, settings: MatrixSettings) -> tuple[Any, TrainingRecord]:
@@ -178,24 +195,51 @@ def train_arm(arm: str, seed: int, out: Path, settings: MatrixSettings) -> tuple
     checkpoint = run_dir / "checkpoints" / "latest.pt"
     if not checkpoint.is_file():
         raise RuntimeError(f"training {arm} (seed {seed}) wrote no checkpoint at {checkpoint}; see {run_dir}")
-    record = TrainingRecord(arm=arm, seed=seed, run_dir=str(run_dir), trained_now=not done,
-                            wall_s=time.perf_counter() - start, checkpoint=str(checkpoint))  # fmt: skip
+    record = TrainingRecord(
+        arm=arm,
+        seed=seed,
+        run_dir=str(run_dir),
+        trained_now=not done,
+        wall_s=time.perf_counter() - start,
+        checkpoint=str(checkpoint),
+    )
     return compose(arm_overrides(arm, seed, run_dir, settings)), record
 
 
 def _evaluation_arguments(cfg: Any, checkpoint: Path | None, seed: int) -> dict[str, Any]:
     """The held-out evaluation of a policy as the trainer's config describes it (tasks, repeats, sampling,
     per-call limits), and the policy's identity for the cache (model, weights, sampling seed, checkpoint)."""
-    policy_key = {"model": cfg.model.name, "weights_seed": cfg.model.seed, "dtype": cfg.model.dtype,
-                  "engine_seed": seed, "checkpoint": _file_identity(checkpoint)}  # fmt: skip
+    policy_key = {
+        "model": cfg.model.name,
+        "weights_seed": cfg.model.seed,
+        "dtype": cfg.model.dtype,
+        "engine_seed": seed,
+        "checkpoint": _file_identity(checkpoint),
+    }
     temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.algorithm.temperature
     options = {k: v for k, v in cfg.env.options.items() if k in ("max_new_tokens", "max_calls", "score_capped")}
-    return dict(split=cfg.env.eval_split, repeats=cfg.eval.repeats, level=cfg.env.level, count=cfg.env.eval_tasks,
-                seed=cfg.env.suite_seed, temperature=temperature, env_overrides=options, policy_key=policy_key)  # fmt: skip
+    return dict(
+        split=cfg.env.eval_split,
+        repeats=cfg.eval.repeats,
+        level=cfg.env.level,
+        count=cfg.env.eval_tasks,
+        seed=cfg.env.suite_seed,
+        temperature=temperature,
+        env_overrides=options,
+        policy_key=policy_key,
+    )
 
 
-def evaluate_policy(cfg: Any, checkpoint: Path | None, seed: int, label: str, out: Path, settings: MatrixSettings,
-                    cache: EvalCache, plan_only: bool = False) -> dict[str, EvalReport | None]:  # fmt: skip
+def evaluate_policy(
+    cfg: Any,
+    checkpoint: Path | None,
+    seed: int,
+    label: str,
+    out: Path,
+    settings: MatrixSettings,
+    cache: EvalCache,
+    plan_only: bool = False,
+) -> dict[str, EvalReport | None]:
     """One policy (untrained, or a checkpoint) on the held-out tasks through each evaluation harness, one
     cached evaluation per harness (so cells fill independently); the model is loaded only if one is missing.
     With `plan_only`, only read back (None where missing)."""
@@ -211,8 +255,16 @@ def evaluate_policy(cfg: Any, checkpoint: Path | None, seed: int, label: str, ou
                 reports[h] = cached_evaluation(env_ids, cache=cache, **common)
                 continue
             run_dir = out / "eval" / f"{_slug(label)}-seed{seed}-{_slug(h)}"
-            reports[h] = evaluate(policy, env_ids, run_dir=run_dir, model_name=f"{cfg.model.name}: {label}",
-                                  progress=False, cache=cache, concurrency=cfg.eval.concurrency, **common)  # fmt: skip
+            reports[h] = evaluate(
+                policy,
+                env_ids,
+                run_dir=run_dir,
+                model_name=f"{cfg.model.name}: {label}",
+                progress=False,
+                cache=cache,
+                concurrency=cfg.eval.concurrency,
+                **common,
+            )
     finally:
         policy.close()
     return reports
@@ -256,8 +308,13 @@ def _slug(label: str) -> str:
 # ------------------------------------------------------------------------------------------- the matrix
 def _seed_result(report: EvalReport, harness: str, seed: int) -> SeedResult:
     stats = report.by_harness[harness]
-    return SeedResult(seed=seed, reward=stats.mean_reward, rollouts=stats.rollouts, failed=stats.failed,
-                      results=report.cached_from or str(report.results_path))  # fmt: skip
+    return SeedResult(
+        seed=seed,
+        reward=stats.mean_reward,
+        rollouts=stats.rollouts,
+        failed=stats.failed,
+        results=report.cached_from or str(report.results_path),
+    )
 
 
 def aggregate(cell: Cell) -> Cell:
@@ -295,7 +352,12 @@ def mixed_vs_single(cells: dict[str, dict[str, Cell]]) -> dict[str, dict[str, fl
                 out[h] = {"mixed_gain": None, "single_gain": None, "difference": None, "noise": None}
                 continue
             noise = float(np.hypot(m.noise or 0.0, s.noise or 0.0))
-            out[h] = {"mixed_gain": m.gain_mean, "single_gain": s.gain_mean, "difference": m.gain_mean - s.gain_mean, "noise": noise}
+            out[h] = {
+                "mixed_gain": m.gain_mean,
+                "single_gain": s.gain_mean,
+                "difference": m.gain_mean - s.gain_mean,
+                "noise": noise,
+            }
     return out
 
 
@@ -303,7 +365,9 @@ def run_matrix(settings: MatrixSettings, out: Path, *, plan_only: bool = False) 
     """Train what is missing, evaluate what is not cached, and write matrix.json / .txt / .png.
 
     With `plan_only` nothing runs: the report holds what is on disk and marks the rest "to run"."""
-    unknown = [a for a in settings.arms if a not in ARMS] + [h for h in settings.eval_harnesses if h not in EVAL_HARNESSES]
+    unknown = [a for a in settings.arms if a not in ARMS] + [
+        h for h in settings.eval_harnesses if h not in EVAL_HARNESSES
+    ]
     if unknown:
         raise ValueError(f"unknown arm or harness {unknown}; arms: {list(ARMS)}, harnesses: {EVAL_HARNESSES}")
     if not settings.seeds:
@@ -355,8 +419,17 @@ def run_matrix(settings: MatrixSettings, out: Path, *, plan_only: bool = False) 
     return report
 
 
-def _evaluate(cfg: Any, checkpoint: Path | None, seed: int, label: str, out: Path, settings: MatrixSettings,
-              cache: EvalCache, report: MatrixReport, plan_only: bool) -> dict[str, EvalReport | None]:  # fmt: skip
+def _evaluate(
+    cfg: Any,
+    checkpoint: Path | None,
+    seed: int,
+    label: str,
+    out: Path,
+    settings: MatrixSettings,
+    cache: EvalCache,
+    report: MatrixReport,
+    plan_only: bool,
+) -> dict[str, EvalReport | None]:
     if plan_only and checkpoint is not None and not checkpoint.is_file():
         return {}
     results = evaluate_policy(cfg, checkpoint, seed, label, out, settings, cache, plan_only)
@@ -388,8 +461,13 @@ def plot_matrix(report: MatrixReport, path: Path) -> Path:
         gains = [report.cells[a][h].gain_mean for a in arms]
         noise = [report.cells[a][h].noise or 0.0 for a in arms]
         x = np.arange(len(arms))
-        ax.bar(x, [g if g is not None else 0.0 for g in gains], yerr=noise, capsize=4,
-               color=["tab:blue" if a != h else "tab:orange" for a in arms])  # fmt: skip
+        ax.bar(
+            x,
+            [g if g is not None else 0.0 for g in gains],
+            yerr=noise,
+            capsize=4,
+            color=["tab:blue" if a != h else "tab:orange" for a in arms],
+        )
         for xi, g in zip(x, gains):
             if g is None:
                 ax.text(xi, 0.0, "to run", ha="center", va="bottom", fontsize=7, rotation=90)
@@ -414,12 +492,15 @@ def main(argv: list[str] | None = None) -> MatrixReport:
     parser.add_argument("--plan", action="store_true", help="run nothing: show what is done and what is left")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
-    settings = MatrixSettings(arms=args.arms, eval_harnesses=args.eval_harnesses, seeds=args.seeds, quick=args.quick,
-                              overrides=args.overrides)  # fmt: skip
+    settings = MatrixSettings(
+        arms=args.arms, eval_harnesses=args.eval_harnesses, seeds=args.seeds, quick=args.quick, overrides=args.overrides
+    )
     report = run_matrix(settings, args.out, plan_only=args.plan)
     print(report.text())
-    print(f"evaluations measured {report.evaluations_measured}, reused {report.evaluations_reused}; "
-          f"trained {sum(r.trained_now for r in report.training)}, reused {sum(not r.trained_now for r in report.training)}")  # fmt: skip
+    print(
+        f"evaluations measured {report.evaluations_measured}, reused {report.evaluations_reused}; "
+        f"trained {sum(r.trained_now for r in report.training)}, reused {sum(not r.trained_now for r in report.training)}"
+    )
     print(f"matrix: {args.out / 'matrix.json'}  table: {args.out / 'matrix.txt'}  plot: {args.out / 'matrix.png'}")
     return report
 

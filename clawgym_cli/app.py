@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -27,7 +27,6 @@ app = typer.Typer(
 )
 PIPE_WIDTH = 160
 """Console width when the output is piped or captured: rich would fall back to 80 and squash table columns."""
-
 
 
 def make_console() -> Console:
@@ -62,8 +61,8 @@ def load(module: str, attr: str, feature: str) -> Any:
 
 @app.command("list")
 def list_envs(
-    suite: Annotated[Optional[str], typer.Option(help="only this suite")] = None,
-    harness: Annotated[Optional[str], typer.Option(help="only this harness")] = None,
+    suite: Annotated[str | None, typer.Option(help="only this suite")] = None,
+    harness: Annotated[str | None, typer.Option(help="only this harness")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List the registered environments (<Suite>-<Harness>)."""
@@ -87,11 +86,13 @@ def list_envs(
 @app.command()
 def run(
     env_id: Annotated[str, typer.Argument(help="environment id, e.g. ClawGymBench-ClaudeCode")],
-    model: Annotated[str, typer.Option(help="policy model: tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b or a path")] = "tiny-qwen3",
+    model: Annotated[
+        str, typer.Option(help="policy model: tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b or a path")
+    ] = "tiny-qwen3",
     seed: Annotated[int, typer.Option(help="picks the task instance")] = 0,
-    task_id: Annotated[Optional[str], typer.Option(help="run this task instead of a seeded pick")] = None,
+    task_id: Annotated[str | None, typer.Option(help="run this task instead of a seeded pick")] = None,
     split: Annotated[str, typer.Option(help="train or test")] = "train",
-    run_dir: Annotated[Optional[Path], typer.Option(help="where calls, forests and artifacts go")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="where calls, forests and artifacts go")] = None,
 ) -> None:
     """Run one rollout of a policy on an environment and print its reward and tree statistics."""
     import clawgym_env
@@ -114,26 +115,37 @@ def run(
 @app.command()
 def evaluate(
     env_ids: Annotated[list[str], typer.Argument(help="one or more environment ids")],
-    model: Annotated[str, typer.Option(help="zoo name, local path, or scripted:reference|wrong|idle (test doubles)")] = "tiny-qwen3",
+    model: Annotated[
+        str, typer.Option(help="zoo name, local path, or scripted:reference|wrong|idle (test doubles)")
+    ] = "tiny-qwen3",
     repeats: Annotated[int, typer.Option(help="rollouts per task instance")] = 1,
     split: Annotated[str, typer.Option(help="train or test (held out)")] = "test",
-    level: Annotated[Optional[int], typer.Option(help="difficulty level (default: all levels)")] = None,
-    count: Annotated[Optional[int], typer.Option(help="task instances per env (default: the whole split)")] = None,
+    level: Annotated[int | None, typer.Option(help="difficulty level (default: all levels)")] = None,
+    count: Annotated[int | None, typer.Option(help="task instances per env (default: the whole split)")] = None,
     concurrency: Annotated[int, typer.Option(help="rollouts at a time")] = 2,
-    out: Annotated[Optional[Path], typer.Option(help="run directory for results.json, table.txt, eval.png")] = None,
+    out: Annotated[Path | None, typer.Option(help="run directory for results.json, table.txt, eval.png")] = None,
     seed: Annotated[int, typer.Option(help="suite generation seed")] = 0,
     threshold: Annotated[float, typer.Option(help="success = reward >= threshold")] = 1.0,
     engine: Annotated[str, typer.Option(help="transformers, vllm or remote")] = "transformers",
-    temperature: Annotated[Optional[float], typer.Option(help="sampling temperature (default: the env's)")] = None,
+    temperature: Annotated[float | None, typer.Option(help="sampling temperature (default: the env's)")] = None,
 ) -> None:
     """Evaluate a policy on environments and write a results table (JSON, text, PNG plot)."""
     make_eval_policy = load("evaluation", "make_eval_policy", "evaluation")
     run_evaluation = load("evaluation", "evaluate", "evaluation")
     report = run_evaluation(
-        make_eval_policy(model, engine=engine), list(env_ids), split=split, repeats=repeats,
-        concurrency=concurrency, level=level, count=count, seed=seed, run_dir=out, success_threshold=threshold,
-        temperature=temperature, model_name=model,
-    )  # fmt: skip
+        make_eval_policy(model, engine=engine),
+        list(env_ids),
+        split=split,
+        repeats=repeats,
+        concurrency=concurrency,
+        level=level,
+        count=count,
+        seed=seed,
+        run_dir=out,
+        success_threshold=threshold,
+        temperature=temperature,
+        model_name=model,
+    )
     report.console_print(console)
     for stage, reasons in report.failure_reasons.items():
         for reason, n in list(reasons.items())[:3]:
@@ -147,10 +159,12 @@ def evaluate(
 def main(
     ctx: typer.Context,
     mix: Annotated[bool, typer.Option("--mix", help="two harnesses (pi + Claude Code) in one batch")] = False,
-    whitebox: Annotated[bool, typer.Option("--whitebox", help="the white-box baseline instead of a CLI harness")] = False,
+    whitebox: Annotated[
+        bool, typer.Option("--whitebox", help="the white-box baseline instead of a CLI harness")
+    ] = False,
     quick: Annotated[bool, typer.Option("--quick", help="tiny random model, few rollouts: a plumbing check")] = False,
-    steps: Annotated[Optional[int], typer.Option(help="training steps (default: the preset's)")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="default: runs/main-<time>")] = None,
+    steps: Annotated[int | None, typer.Option(help="training steps (default: the preset's)")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="default: runs/main-<time>")] = None,
 ) -> None:
     """The main job: GRPO through a real black-box harness on the embedded defaults, then a summary.
 
@@ -171,7 +185,7 @@ def train(ctx: typer.Context) -> None:
 @app.command()
 def inspect(
     run_dir: Annotated[Path, typer.Argument(help="a run directory or its calls.jsonl")],
-    rollout: Annotated[Optional[str], typer.Option(help="rollout id (default: the first)")] = None,
+    rollout: Annotated[str | None, typer.Option(help="rollout id (default: the first)")] = None,
 ) -> None:
     """Show a recorded rollout's prefix tree in the terminal and write an HTML page."""
     inspect_run = load("clawgym_env.trajectory.inspect", "inspect_run", "the tree inspector")
@@ -184,14 +198,16 @@ def inspect(
 def compare(
     suite: Annotated[str, typer.Option(help="task suite")] = "ClawGymBench",
     harness: Annotated[str, typer.Option(help="the black-box harness: Pi, ClaudeCode, Codex or OpenClaw")] = "Pi",
-    model: Annotated[str, typer.Option(help="starting policy: tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b or a path")] = "tiny-qwen3",
+    model: Annotated[
+        str, typer.Option(help="starting policy: tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b or a path")
+    ] = "tiny-qwen3",
     algorithm: Annotated[str, typer.Option(help="grpo or ppo")] = "grpo",
     steps: Annotated[int, typer.Option(help="training steps of each run")] = 2,
     group_size: Annotated[int, typer.Option(help="rollouts per task per step")] = 2,
     tasks_per_step: Annotated[int, typer.Option(help="training tasks per step")] = 1,
-    train_tasks: Annotated[Optional[int], typer.Option(help="training task instances (default 2)")] = 2,
-    eval_tasks: Annotated[Optional[int], typer.Option(help="held-out task instances per harness")] = 2,
-    level: Annotated[Optional[int], typer.Option(help="difficulty level")] = 0,
+    train_tasks: Annotated[int | None, typer.Option(help="training task instances (default 2)")] = 2,
+    eval_tasks: Annotated[int | None, typer.Option(help="held-out task instances per harness")] = 2,
+    level: Annotated[int | None, typer.Option(help="difficulty level")] = 0,
     repeats: Annotated[int, typer.Option(help="evaluation rollouts per held-out task")] = 1,
     concurrency: Annotated[int, typer.Option(help="rollouts at a time")] = 2,
     lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
@@ -199,18 +215,35 @@ def compare(
     max_calls: Annotated[int, typer.Option(help="per-rollout cap on model calls")] = 4,
     warm_start: Annotated[bool, typer.Option(help="SFT on reference demonstrations before RL")] = False,
     seed: Annotated[int, typer.Option(help="training and suite seed")] = 0,
-    override: Annotated[Optional[list[str]], typer.Option(help="extra Hydra override for both trainings (repeatable)")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/compare-<time>)")] = None,
+    override: Annotated[
+        list[str] | None, typer.Option(help="extra Hydra override for both trainings (repeatable)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="output folder (default runs/compare-<time>)")] = None,
 ) -> None:
     """Train white-box and black-box, evaluate both under both, print the 2x2 table."""
     compare_cli = load("clawgym_cli.compare", "compare_cli", "the white-box vs black-box comparison")
     compare_cli(
         console=console,
-        suite=suite, harness=harness, model=model, algorithm=algorithm, steps=steps, group_size=group_size,
-        tasks_per_step=tasks_per_step, train_tasks=train_tasks, eval_tasks=eval_tasks, level=level, repeats=repeats,
-        concurrency=concurrency, lr=lr, max_new_tokens=max_new_tokens, max_calls=max_calls, warm_start=warm_start,
-        seed=seed, train_overrides=list(override or []), out=out,
-    )  # fmt: skip
+        suite=suite,
+        harness=harness,
+        model=model,
+        algorithm=algorithm,
+        steps=steps,
+        group_size=group_size,
+        tasks_per_step=tasks_per_step,
+        train_tasks=train_tasks,
+        eval_tasks=eval_tasks,
+        level=level,
+        repeats=repeats,
+        concurrency=concurrency,
+        lr=lr,
+        max_new_tokens=max_new_tokens,
+        max_calls=max_calls,
+        warm_start=warm_start,
+        seed=seed,
+        train_overrides=list(override or []),
+        out=out,
+    )
 
 
 @app.command()

@@ -133,9 +133,20 @@ def plot_comparison(report: ComparisonReport, path: str | Path) -> Path:
     for i, label in enumerate(report.policies):
         stats = [report.cells[label].get(h) for h in report.harnesses]
         means = [s.mean_reward if s else 0.0 for s in stats]
-        err = np.array([[s.mean_reward - s.reward_ci.low if s and s.reward_ci else 0.0 for s in stats],
-                        [s.reward_ci.high - s.mean_reward if s and s.reward_ci else 0.0 for s in stats]])  # fmt: skip
-        ax.bar(x + (i - (len(report.policies) - 1) / 2) * width, means, width, yerr=np.clip(err, 0, None), capsize=4, label=label)
+        err = np.array(
+            [
+                [s.mean_reward - s.reward_ci.low if s and s.reward_ci else 0.0 for s in stats],
+                [s.reward_ci.high - s.mean_reward if s and s.reward_ci else 0.0 for s in stats],
+            ]
+        )
+        ax.bar(
+            x + (i - (len(report.policies) - 1) / 2) * width,
+            means,
+            width,
+            yerr=np.clip(err, 0, None),
+            capsize=4,
+            label=label,
+        )
     ax.set_xticks(x, [f"evaluated in {h}" for h in report.harnesses])
     ax.set_ylim(0, 1.12)
     ax.set_ylabel("held-out mean reward (95% CI)")
@@ -162,10 +173,16 @@ def train_config(config: CompareConfig, env_id: str, run_dir: Path) -> Any:
         data["model"]["name"] = config.model  # a local model path
     data.update(run_dir=run_dir, seed=config.seed, steps=config.steps)
     data["env"].update(
-        ids=[env_id], group_size=config.group_size, tasks_per_step=config.tasks_per_step, level=config.level,
-        train_tasks=config.train_tasks, eval_tasks=1, max_concurrency=config.concurrency, suite_seed=config.seed,
+        ids=[env_id],
+        group_size=config.group_size,
+        tasks_per_step=config.tasks_per_step,
+        level=config.level,
+        train_tasks=config.train_tasks,
+        eval_tasks=1,
+        max_concurrency=config.concurrency,
+        suite_seed=config.seed,
         options={**data["env"]["options"], "max_new_tokens": config.max_new_tokens, "max_calls": config.max_calls},
-    )  # fmt: skip
+    )
     data["optim"]["lr"] = config.lr
     data["optim"]["total_steps"] = config.steps
     # the comparison evaluates separately (all policies, both harnesses); the trainer's own is one rollout
@@ -185,8 +202,13 @@ def train_one(config: CompareConfig, env_id: str, run_dir: Path, train_fn: Train
     checkpoint = run_dir / "checkpoints" / "latest.pt"
     if not checkpoint.is_file():
         raise RuntimeError(f"training on {env_id} wrote no checkpoint at {checkpoint}; see {run_dir}")
-    return TrainingRun(env_id=env_id, run_dir=str(run_dir), checkpoint=str(checkpoint),
-                       wall_s=time.perf_counter() - start, summary=summary)  # fmt: skip
+    return TrainingRun(
+        env_id=env_id,
+        run_dir=str(run_dir),
+        checkpoint=str(checkpoint),
+        wall_s=time.perf_counter() - start,
+        summary=summary,
+    )
 
 
 def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
@@ -238,7 +260,9 @@ def compare(
 
     config = CompareConfig(suite=suite, harness=harness, model=model, **knobs)
     if config.harness == config.whitebox:
-        raise ValueError(f"harness must be a black-box harness (ClaudeCode, Codex, Pi, OpenClaw), not {config.whitebox}")
+        raise ValueError(
+            f"harness must be a black-box harness (ClaudeCode, Codex, Pi, OpenClaw), not {config.whitebox}"
+        )
     for env_id in (config.whitebox_env, config.blackbox_env):
         clawgym_env.registry.spec(env_id)  # a clear error with close matches, before any training
     out_dir = Path(out) if out else Path.cwd() / "runs" / time.strftime("compare-%Y%m%d-%H%M%S")
@@ -258,12 +282,21 @@ def compare(
         policy = build_policy(base_cfg, checkpoint)
         try:
             report: EvalReport = evaluate(
-                policy, [config.whitebox_env, config.blackbox_env], split="test", repeats=config.repeats,
-                concurrency=config.concurrency, level=config.level, count=config.eval_tasks, seed=config.seed,
-                run_dir=out_dir / f"eval-{_slug(label)}", success_threshold=config.success_threshold,
-                temperature=config.eval_temperature, model_name=f"{config.model}: {label}", progress=progress,
+                policy,
+                [config.whitebox_env, config.blackbox_env],
+                split="test",
+                repeats=config.repeats,
+                concurrency=config.concurrency,
+                level=config.level,
+                count=config.eval_tasks,
+                seed=config.seed,
+                run_dir=out_dir / f"eval-{_slug(label)}",
+                success_threshold=config.success_threshold,
+                temperature=config.eval_temperature,
+                model_name=f"{config.model}: {label}",
+                progress=progress,
                 env_overrides={"max_new_tokens": config.max_new_tokens, "max_calls": config.max_calls},
-            )  # fmt: skip
+            )
         finally:
             close = getattr(policy.engine, "close", None)
             if close is not None:
@@ -272,9 +305,15 @@ def compare(
         evaluations[label] = str(report.results_path)
 
     comparison = ComparisonReport(
-        config=config, policies=list(checkpoints), harnesses=harnesses, cells=cells, training=training,
-        evaluations=evaluations, wall_s=time.perf_counter() - start, out_dir=str(out_dir),
-    )  # fmt: skip
+        config=config,
+        policies=list(checkpoints),
+        harnesses=harnesses,
+        cells=cells,
+        training=training,
+        evaluations=evaluations,
+        wall_s=time.perf_counter() - start,
+        out_dir=str(out_dir),
+    )
     comparison.save(out_dir)
     return comparison
 

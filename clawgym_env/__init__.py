@@ -1,9 +1,9 @@
 """ClawGym: black-box RL of LLM agents through real, unmodified agent harnesses.
 
-    import clawgym_env
-    env = clawgym_env.make("OfficeQA-ClaudeCode")
-    obs, info = env.reset(seed=0)
-    forest, reward, terminated, truncated, info = env.step(policy)
+import clawgym_env
+env = clawgym_env.make("OfficeQA-ClaudeCode")
+obs, info = env.reset(seed=0)
+forest, reward, terminated, truncated, info = env.step(policy)
 """
 
 from clawgym_env._import_guard import check_top_level_packages

@@ -160,7 +160,9 @@ class ClawGymEnv(gym.Env[dict[str, str], Policy]):
         options = options or {}
         tasks = self.tasks(options.get("split"))
         if not tasks:
-            raise ValueError(f"suite {self.suite.name} has no tasks in split {options.get('split', self.options.split)!r}")
+            raise ValueError(
+                f"suite {self.suite.name} has no tasks in split {options.get('split', self.options.split)!r}"
+            )
         if "task_id" in options:
             by_id = {t.id: t for t in tasks}
             if options["task_id"] not in by_id:
@@ -227,4 +229,3 @@ class ClawGymEnv(gym.Env[dict[str, str], Policy]):
 
     def __str__(self) -> str:
         return repr(self)
-

@@ -1,6 +1,6 @@
 """The small typed contracts between the parts of a rollout.
 
-`env.step` composes exactly these: a SandboxBackend makes a Sandbox, the ServingProxy opens a route for
+`env.step` composes exactly these: a SandboxBackend makes a Sandbox, a RolloutProxy opens a route for
 the rollout, a HarnessAdapter drives the harness against that route, a Verifier scores the sandbox, and
 the recorded ModelCalls are rebuilt into a TrajectoryForest. Each part lives in its own package and only
 has to satisfy its protocol here.
@@ -178,7 +178,9 @@ class RolloutLimits(BaseModel):
 
 
 @runtime_checkable
-class ServingProxy(Protocol):
+class RolloutProxy(Protocol):
+    """What a rollout needs from the model endpoint; `clawgym_env.proxy.ServingProxy` is the implementation."""
+
     endpoint: ProxyEndpoint
 
     async def start(self) -> None: ...

@@ -1,9 +1,9 @@
 """`make_policy`: a Policy (engine + renderer) from a model name, in one call.
 
-    policy = make_policy("qwen2.5-coder-0.5b")              # in-process transformers engine on CPU
-    policy = make_policy("tiny-qwen3")                      # random 5M-parameter model, fast plumbing
-    policy = make_policy("/path/to/hf-folder", engine="vllm")
-    policy = make_policy("remote", engine="remote", base_url="http://gpu-box:8000", tokenizer=tok)
+policy = make_policy("qwen2.5-coder-0.5b")              # in-process transformers engine on CPU
+policy = make_policy("tiny-qwen3")                      # random 5M-parameter model, fast plumbing
+policy = make_policy("/path/to/hf-folder", engine="vllm")
+policy = make_policy("remote", engine="remote", base_url="http://gpu-box:8000", tokenizer=tok)
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ def make_policy(
     if engine in ("transformers", "vllm"):
         built = make_engine(engine, model=model, **engine_options)
     else:
-        built = make_engine(engine, tokenizer=tokenizer, **engine_options) if engine == "scripted" else make_engine(
-            engine, **engine_options
+        built = (
+            make_engine(engine, tokenizer=tokenizer, **engine_options)
+            if engine == "scripted"
+            else make_engine(engine, **engine_options)
         )
     tokenizer = tokenizer or getattr(built, "tokenizer", None)
     if tokenizer is None:

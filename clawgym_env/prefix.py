@@ -117,7 +117,9 @@ def check_prefix(
     if shared == len(full):
         return check
     reason, detail = _explain(previous, full, prompt_ids, segments, shared, compaction_ratio)
-    return check.model_copy(update={"extended": False, "reason": reason, "detail": f"broke at token {shared}: {detail}"})
+    return check.model_copy(
+        update={"extended": False, "reason": reason, "detail": f"broke at token {shared}: {detail}"}
+    )
 
 
 def _explain(
@@ -136,28 +138,52 @@ def _explain(
             f"call's {len(full) - root} (the harness summarized its history)"
         )
     if shared == len(prompt_ids):
-        return "retry", f"the prompt is a prefix of call {previous.call_index}'s ids (the harness re-sent an earlier prompt)"
+        return (
+            "retry",
+            f"the prompt is a prefix of call {previous.call_index}'s ids (the harness re-sent an earlier prompt)",
+        )
     here = _message_kind(segments, shared)
     last_prev = max(previous.segments, key=lambda s: s.end) if previous.segments else None
     at_generation = shared >= prev_prompt or (
-        last_prev is not None and last_prev.kind == "template" and shared >= last_prev.start and last_prev.end == prev_prompt
+        last_prev is not None
+        and last_prev.kind == "template"
+        and shared >= last_prev.start
+        and last_prev.end == prev_prompt
     )
     if at_generation:
         seg = _segment_at(segments, shared)
         if here == "assistant_spliced" and seg is not None and seg.kind == "assistant_spliced":
-            return "drift", f"call {previous.call_index}'s generation was echoed but spliced from call {seg.source_call}"
+            return (
+                "drift",
+                f"call {previous.call_index}'s generation was echoed but spliced from call {seg.source_call}",
+            )
         if here == "assistant_rendered":
-            return "drift", f"the echo of call {previous.call_index}'s generation matched no recorded generation (re-tokenized)"
+            return (
+                "drift",
+                f"the echo of call {previous.call_index}'s generation matched no recorded generation (re-tokenized)",
+            )
         if here in ASSISTANT_KINDS:
             return "drift", f"the echo of call {previous.call_index}'s generation differs from its ids"
         if any(s.kind == "assistant_spliced" and s.source_call == previous.call_index for s in segments):
-            return "edited_history", f"a {here or 'new'} message was inserted before the echo of call {previous.call_index}'s generation"
-        return "retry", f"call {previous.call_index}'s generation was not echoed (a retry, or the harness dropped the turn)"
+            return (
+                "edited_history",
+                f"a {here or 'new'} message was inserted before the echo of call {previous.call_index}'s generation",
+            )
+        return (
+            "retry",
+            f"call {previous.call_index}'s generation was not echoed (a retry, or the harness dropped the turn)",
+        )
     before = _message_kind(previous.segments, shared)
     kinds = {before, here}
     if kinds & ASSISTANT_KINDS and not kinds & {"user", "tool"}:
         return "drift", f"an earlier assistant turn is echoed with other ids than in call {previous.call_index}"
     if "user" in kinds or "tool" in kinds or kinds & ASSISTANT_KINDS:
         kind = before if before in ("user", "tool") else here if here in ("user", "tool") else "message"
-        return "edited_history", f"an earlier {kind} message differs from call {previous.call_index}'s (changed, inserted or removed)"
-    return "harness_rewrite", f"the harness changed its own instructions ({before or 'template'} text) since call {previous.call_index}"
+        return (
+            "edited_history",
+            f"an earlier {kind} message differs from call {previous.call_index}'s (changed, inserted or removed)",
+        )
+    return (
+        "harness_rewrite",
+        f"the harness changed its own instructions ({before or 'template'} text) since call {previous.call_index}",
+    )

@@ -2,18 +2,23 @@
 
 Two views of a call are kept apart: `request` is the harness view (the raw JSON it sent); the token
 fields are the training view (exact ids the engine saw and generated, with the engine's logprobs).
+
+The log is append-only, one line per call, so what is learnt about a call after its record was written
+(whether the client took the reply whole) goes to a sibling file of receipts (`calls.receipts` next to
+`calls.jsonl`) that `read_calls` folds back into the calls.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from clawgym_env.specs import ApiStyle
 
@@ -89,6 +94,10 @@ class ModelCall(BaseModel):
     timings: CallTimings = Field(default_factory=CallTimings)
     error: str | None = None
     streamed: bool = False
+    # None: not known (an older log, a call still being answered). False: the client never took the reply
+    # whole (it hung up, or the proxy died first); such a sample was not seen by the harness.
+    delivered: bool | None = None
+    control_token_texts: int = 0  # control tokens written as text in user/tool/system text (kept as text)
 
     @model_validator(mode="after")
     def _aligned(self) -> ModelCall:
@@ -108,12 +117,28 @@ class ModelCall(BaseModel):
         return [s for s in self.segments if s.kind == "assistant_spliced"]
 
 
+class DeliveryReceipt(BaseModel):
+    """Appended after a call's record once the proxy knows whether its reply reached the client whole."""
+
+    rollout_id: str
+    call_index: int
+    delivered: bool
+
+
+def receipts_path(log_path: Path) -> Path:
+    """Where a log's delivery receipts go: `calls.jsonl` -> `calls.receipts` (not `*.jsonl`, so globs for
+    call logs do not pick it up)."""
+    return Path(log_path).with_suffix(".receipts")
+
+
 class CallLog:
-    """Append-only JSONL of ModelCalls, one line per completed call, flushed as each call completes.
+    """Append-only JSONL of ModelCalls, one line per call, written whole as each call completes.
 
     A killed process loses no completed call (the line is in the OS before the response is sent);
-    `fsync=True` also survives a machine crash at a per-call cost. Readers may load it while it grows:
-    a torn last line (the writer died mid-write) is skipped and counted.
+    `fsync=True` also survives a machine crash at a per-call cost. A process killed mid-write leaves a torn
+    last line: opening the log cuts it off (`repaired_bytes` says how much), so the next record starts on
+    a line of its own. Readers may load the log while it grows (`read_calls` skips and counts torn lines).
+    Delivery receipts go to `receipts_path(path)`, opened on the first receipt and repaired the same way.
     """
 
     def __init__(self, path: Path, fsync: bool = False) -> None:
@@ -121,19 +146,32 @@ class CallLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open for the run
+        self._fh = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - kept open for the run (read too: tail repair)
+        self.repaired_bytes = _repair_torn_tail(self._fh.fileno())
+        self._receipts: Any = None  # the receipts file, opened on first use
 
     def append(self, call: ModelCall) -> None:
-        line = orjson.dumps(call.model_dump(mode="json")) + b"\n"
+        """Write one record; serialization errors raise before anything is written."""
+        self._write(self._fh, orjson.dumps(call.model_dump(mode="json")) + b"\n")
+
+    def append_receipt(self, receipt: DeliveryReceipt) -> None:
         with self._lock:
-            self._fh.write(line)
+            if self._receipts is None:
+                self._receipts = open(receipts_path(self.path), "a+b", buffering=0)  # noqa: SIM115 - kept open
+                self.repaired_bytes += _repair_torn_tail(self._receipts.fileno())
+        self._write(self._receipts, orjson.dumps(receipt.model_dump()) + b"\n")
+
+    def _write(self, fh: Any, line: bytes) -> None:
+        with self._lock:
+            fh.write(line)
             if self.fsync:
-                os.fsync(self._fh.fileno())
+                os.fsync(fh.fileno())
 
     def close(self) -> None:
         with self._lock:
-            if not self._fh.closed:
-                self._fh.close()
+            for fh in (self._fh, self._receipts):
+                if fh is not None and not fh.closed:
+                    fh.close()
 
     def __enter__(self) -> CallLog:
         return self
@@ -142,12 +180,85 @@ class CallLog:
         self.close()
 
 
-def read_calls(path: Path, rollout_id: str | None = None) -> Iterator[ModelCall]:
-    """Yield the calls of a log (optionally of one rollout), skipping a torn final line."""
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                break  # a writer died mid-line; everything before it is complete
-            data = orjson.loads(raw)
-            if rollout_id is None or data.get("rollout_id") == rollout_id:
-                yield ModelCall.model_validate(data)
+def _repair_torn_tail(fd: int) -> int:
+    """Truncate a log to its last complete line; return how many bytes were cut."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return 0  # a pipe or device: nothing to repair
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    end, step = size, 1 << 16
+    while end > 0:
+        start = max(0, end - step)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    os.ftruncate(fd, end)
+    return size - end
+
+
+class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for call in read_calls(path)`
+    """The calls of a log (optionally of one rollout), with their delivery receipts folded in.
+
+    A line that does not parse (torn by a writer that died mid-line, anywhere in the file) is skipped and
+    counted in `torn_lines` once the iteration is done; a final line without a newline is torn too.
+    """
+
+    def __init__(self, path: Path, rollout_id: str | None = None) -> None:
+        self.path = Path(path)
+        self.rollout_id = rollout_id
+        self.torn_lines = 0
+        self._calls = self._read()
+
+    def __iter__(self) -> read_calls:
+        return self
+
+    def __next__(self) -> ModelCall:
+        return next(self._calls)
+
+    def _receipts(self) -> dict[tuple[str, int], bool]:
+        receipts: dict[tuple[str, int], bool] = {}
+        path = receipts_path(self.path)
+        if not path.is_file():
+            return receipts
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    receipt = DeliveryReceipt.model_validate_json(raw) if raw.endswith(b"\n") else None
+                except ValidationError:
+                    receipt = None
+                if receipt is None:
+                    self.torn_lines += 1
+                    continue
+                receipts[(receipt.rollout_id, receipt.call_index)] = receipt.delivered
+        return receipts
+
+    def _read(self) -> Iterator[ModelCall]:
+        receipts = self._receipts()
+        with open(self.path, "rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    self.torn_lines += 1  # a writer died mid-line (or is writing it now)
+                    break
+                if not raw.strip():
+                    continue
+                try:
+                    data = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    self.torn_lines += 1
+                    continue
+                if not isinstance(data, dict) or (
+                    self.rollout_id is not None and data.get("rollout_id") != self.rollout_id
+                ):
+                    continue
+                try:
+                    call = ModelCall.model_validate(data)
+                except ValidationError:
+                    self.torn_lines += 1
+                    continue
+                delivered = receipts.get((call.rollout_id, call.call_index))
+                if delivered is not None:
+                    call.delivered = delivered
+                yield call

@@ -17,7 +17,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from clawgym_env.interfaces import SandboxBackend, ServingProxy
+from clawgym_env.interfaces import RolloutProxy, SandboxBackend
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ class Runtime:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-runtime", daemon=True)
         self._thread.start()
-        self._proxy: ServingProxy | None = None
+        self._proxy: RolloutProxy | None = None
         self._proxy_lock = asyncio.Lock()
         self._backends: dict[tuple[str, str], SandboxBackend] = {}
         self._closed = False
@@ -101,13 +101,13 @@ class Runtime:
         return self._loop
 
     # ------------------------------------------------------------------ shared parts
-    async def proxy(self) -> ServingProxy:
+    async def proxy(self) -> RolloutProxy:
         """The serving proxy of this run, started on first use (Unix socket + loopback port)."""
         async with self._proxy_lock:  # concurrent first rollouts must not start two proxies
             if self._proxy is None:
-                from clawgym_env.proxy import ServingProxy as ProxyImpl
+                from clawgym_env.proxy import ServingProxy
 
-                proxy = ProxyImpl(run_dir=self.run_dir, port=self.proxy_port)
+                proxy = ServingProxy(run_dir=self.run_dir, port=self.proxy_port)
                 await proxy.start()
                 self._proxy = proxy
         return self._proxy

@@ -36,11 +36,20 @@ def _digest(data: Any) -> str:
 
 def task_digest(tasks: Sequence[TaskSpec]) -> str:
     """What the policy is asked and what it is judged on: ids, instructions, workspaces, limits, metadata."""
-    return _digest([
-        {"id": t.id, "instruction": t.instruction, "workspace": t.workspace.model_dump(mode="json"),
-         "mount": t.mount_path, "timeout_s": t.timeout_s, "metadata": t.metadata, "verifier": repr(t.verifier)}
-        for t in tasks
-    ])  # fmt: skip
+    return _digest(
+        [
+            {
+                "id": t.id,
+                "instruction": t.instruction,
+                "workspace": t.workspace.model_dump(mode="json"),
+                "mount": t.mount_path,
+                "timeout_s": t.timeout_s,
+                "metadata": t.metadata,
+                "verifier": repr(t.verifier),
+            }
+            for t in tasks
+        ]
+    )
 
 
 def harness_identity(harness: Any) -> dict[str, Any]:
@@ -82,19 +91,40 @@ class EvalKey(BaseModel):
 
     @classmethod
     def for_envs(
-        cls, kind: str, *, policy: dict[str, Any], envs: Sequence[Any], tasks: Sequence[Sequence[TaskSpec]],
-        repeats: int, sampling_seed: int, temperature: float | None = None, extra: dict[str, Any] | None = None,
-    ) -> EvalKey:  # fmt: skip
+        cls,
+        kind: str,
+        *,
+        policy: dict[str, Any],
+        envs: Sequence[Any],
+        tasks: Sequence[Sequence[TaskSpec]],
+        repeats: int,
+        sampling_seed: int,
+        temperature: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> EvalKey:
         """The key of evaluating `policy` on ClawGymEnv objects `envs`, env i running `tasks[i]`."""
         keys = []
         for env, env_tasks in zip(envs, tasks, strict=True):
             options = env.options.model_dump(mode="json", exclude={"split"})
-            keys.append(EnvKey(
-                env_id=env.env_spec.id, harness=harness_identity(env.harness), split=env.options.split,
-                tasks=task_digest(env_tasks), num_tasks=len(env_tasks), options=options,
-            ))  # fmt: skip
-        return cls(kind=kind, policy=policy, envs=keys, repeats=repeats, sampling_seed=sampling_seed,
-                   temperature=temperature, extra=extra or {})  # fmt: skip
+            keys.append(
+                EnvKey(
+                    env_id=env.env_spec.id,
+                    harness=harness_identity(env.harness),
+                    split=env.options.split,
+                    tasks=task_digest(env_tasks),
+                    num_tasks=len(env_tasks),
+                    options=options,
+                )
+            )
+        return cls(
+            kind=kind,
+            policy=policy,
+            envs=keys,
+            repeats=repeats,
+            sampling_seed=sampling_seed,
+            temperature=temperature,
+            extra=extra or {},
+        )
 
     def digest(self) -> str:
         return _digest(self.model_dump(mode="json"))[:24]

@@ -27,6 +27,7 @@ CI_METHOD = "percentile bootstrap over tasks (tasks resampled with all their rep
 N_RESAMPLES = 2000
 CI_LEVEL = 0.95
 
+
 # ---------------------------------------------------------------------------------------------- models
 class EvalRow(BaseModel):
     """One rollout's outcome."""
@@ -162,7 +163,6 @@ class _NullFile:
         pass
 
 
-
 # ---------------------------------------------------------------------------------------------- statistics
 def bootstrap_ci(
     clusters: Sequence[Sequence[float]], *, n_resamples: int = N_RESAMPLES, level: float = CI_LEVEL, seed: int = 0
@@ -241,4 +241,3 @@ def build_report(rows: Sequence[EvalRow], config: EvalConfig) -> EvalReport:
         by_suite={s: summarize(rs, **opts) for s, rs in sorted(_grouped(rows, lambda r: r.suite).items())},
         failure_reasons={stage: dict(c.most_common()) for stage, c in sorted(reasons.items())},
     )
-

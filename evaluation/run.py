@@ -81,10 +81,13 @@ async def _run_jobs(
                 reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
                 env.runtime.failures.add("rollout", reason)
                 result = RolloutResult(
-                    rollout_id=rollout_id, task_id=task.id, harness=env.harness.name, status="failed",
+                    rollout_id=rollout_id,
+                    task_id=task.id,
+                    harness=env.harness.name,
+                    status="failed",
                     failure=RolloutFailure(stage="rollout", reason=reason),
                     forest=TrajectoryForest.failed(rollout_id, reason, task_id=task.id),
-                )  # fmt: skip
+                )
             row = _row(env, task, repeat, result, threshold, time.perf_counter() - start)
         on_done(row)
         return row
@@ -172,9 +175,17 @@ def evaluate(
         runtime.close()
     name = model_name or (policy.name if isinstance(policy, Policy) else getattr(policy, "name", "policy"))
     config = EvalConfig(
-        model=name, env_ids=list(env_ids), split=split, repeats=repeats, concurrency=concurrency, level=level,
-        count=count, seed=seed, success_threshold=success_threshold, failed_as_zero=failed_as_zero,
-    )  # fmt: skip
+        model=name,
+        env_ids=list(env_ids),
+        split=split,
+        repeats=repeats,
+        concurrency=concurrency,
+        level=level,
+        count=count,
+        seed=seed,
+        success_threshold=success_threshold,
+        failed_as_zero=failed_as_zero,
+    )
     report = build_report(rows, config)
     report.wall_s = time.perf_counter() - start
     report.run_dir = str(run_dir)
@@ -185,17 +196,43 @@ def evaluate(
     return report
 
 
-def _cache_key(envs: list[Any], tasks: list[list[TaskSpec]], policy_key: dict[str, Any], repeats: int, seed: int,
-               temperature: float | None, threshold: float, failed_as_zero: bool) -> EvalKey:  # fmt: skip
-    return EvalKey.for_envs("evaluate", policy=policy_key, envs=envs, tasks=tasks, repeats=repeats, sampling_seed=seed,
-                            temperature=temperature, extra={"threshold": threshold, "failed_as_zero": failed_as_zero})  # fmt: skip
+def _cache_key(
+    envs: list[Any],
+    tasks: list[list[TaskSpec]],
+    policy_key: dict[str, Any],
+    repeats: int,
+    seed: int,
+    temperature: float | None,
+    threshold: float,
+    failed_as_zero: bool,
+) -> EvalKey:
+    return EvalKey.for_envs(
+        "evaluate",
+        policy=policy_key,
+        envs=envs,
+        tasks=tasks,
+        repeats=repeats,
+        sampling_seed=seed,
+        temperature=temperature,
+        extra={"threshold": threshold, "failed_as_zero": failed_as_zero},
+    )
 
 
 def cached_evaluation(
-    env_ids: Sequence[str], *, cache: EvalCache, policy_key: dict[str, Any], split: str = "test", repeats: int = 1,
-    level: int | None = None, count: int | None = None, seed: int = 0, success_threshold: float = 1.0,
-    failed_as_zero: bool = True, temperature: float | None = None, env_overrides: dict[str, Any] | None = None,
-) -> EvalReport | None:  # fmt: skip
+    env_ids: Sequence[str],
+    *,
+    cache: EvalCache,
+    policy_key: dict[str, Any],
+    split: str = "test",
+    repeats: int = 1,
+    level: int | None = None,
+    count: int | None = None,
+    seed: int = 0,
+    success_threshold: float = 1.0,
+    failed_as_zero: bool = True,
+    temperature: float | None = None,
+    env_overrides: dict[str, Any] | None = None,
+) -> EvalReport | None:
     """What `evaluate` with these arguments would read back from `cache`, or None; runs nothing (for plans)."""
     import clawgym_env
 
@@ -221,13 +258,16 @@ def _run_with_progress(
     if not show:
         return runtime.run(_run_jobs(jobs, policy, concurrency, threshold, lambda _: None))
     with Progress(
-        TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
-        TimeElapsedColumn(), transient=True,
-    ) as bar:  # fmt: skip
+        TextColumn("evaluating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[last]}"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
         task = bar.add_task("rollouts", total=len(jobs), last="")
 
         def done(row: EvalRow) -> None:
             bar.update(task, advance=1, last=f"{row.env_id} {row.task_id}: {row.reward:.2f} {row.status}")
 
         return runtime.run(_run_jobs(jobs, policy, concurrency, threshold, done))
-

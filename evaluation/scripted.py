@@ -12,7 +12,6 @@ from evaluation.run import PolicySource
 from harness_adapters.tool_calls import write_file_call_for_tools
 from task_suites import reference_files
 
-
 _TOOL_NAME = re.compile(r'"name":\s*"([A-Za-z_][\w.-]*)"')
 FINAL_MESSAGE = "Done."
 WRONG_CONTENT = "this is not the answer\n"
@@ -74,4 +73,3 @@ def make_eval_policy(model: str, *, engine: str = "transformers", **engine_optio
     from clawgym_env.policies import make_policy
 
     return make_policy(model, engine=engine, name=Path(model).name if "/" in model else model, **engine_options)
-

@@ -33,24 +33,46 @@ def env_table(report: EvalReport) -> Table:
         f"success = reward >= {c.success_threshold:g}; 95% CI: bootstrap over tasks"
     )
     table = Table(title=title)
-    for col in ("env", "rollouts", "tasks", "mean reward [95% CI]", "success rate [95% CI]", "failed", "calls", "wall s"):
+    for col in (
+        "env",
+        "rollouts",
+        "tasks",
+        "mean reward [95% CI]",
+        "success rate [95% CI]",
+        "failed",
+        "calls",
+        "wall s",
+    ):
         table.add_column(col, justify="left" if col in ("env", "failed") else "right", no_wrap=col != "failed")
     for env, s in report.by_env.items():
         table.add_row(
-            env, str(s.rollouts), str(s.tasks), fmt_mean_ci(s.mean_reward, s.reward_ci),
-            fmt_mean_ci(s.success_rate, s.success_ci), _failures_text(s), f"{s.mean_calls:.1f}", f"{s.mean_wall_s:.1f}",
-        )  # fmt: skip
+            env,
+            str(s.rollouts),
+            str(s.tasks),
+            fmt_mean_ci(s.mean_reward, s.reward_ci),
+            fmt_mean_ci(s.success_rate, s.success_ci),
+            _failures_text(s),
+            f"{s.mean_calls:.1f}",
+            f"{s.mean_wall_s:.1f}",
+        )
     return table
 
 
 def category_table(report: EvalReport) -> Table:
     table = Table(title="per category")
     for col in ("env", "category", "rollouts", "mean reward [95% CI]", "success rate", "failed"):
-        table.add_column(col, justify="left" if col in ("env", "category", "failed") else "right", no_wrap=col != "failed")
+        table.add_column(
+            col, justify="left" if col in ("env", "category", "failed") else "right", no_wrap=col != "failed"
+        )
     for env, cats in report.by_env_category.items():
         for cat, s in cats.items():
             table.add_row(
-                env, cat, str(s.rollouts), fmt_mean_ci(s.mean_reward, s.reward_ci), f"{s.success_rate:.3f}", _failures_text(s)
+                env,
+                cat,
+                str(s.rollouts),
+                fmt_mean_ci(s.mean_reward, s.reward_ci),
+                f"{s.success_rate:.3f}",
+                _failures_text(s),
             )
     return table
 
@@ -61,9 +83,13 @@ def harness_table(report: EvalReport) -> Table:
         table.add_column(col, justify="left" if col in ("harness", "failed") else "right", no_wrap=col != "failed")
     for h, s in report.by_harness.items():
         table.add_row(
-            h, str(s.rollouts), str(s.tasks), fmt_mean_ci(s.mean_reward, s.reward_ci),
-            fmt_mean_ci(s.success_rate, s.success_ci), _failures_text(s),
-        )  # fmt: skip
+            h,
+            str(s.rollouts),
+            str(s.tasks),
+            fmt_mean_ci(s.mean_reward, s.reward_ci),
+            fmt_mean_ci(s.success_rate, s.success_ci),
+            _failures_text(s),
+        )
     return table
 
 
@@ -114,4 +140,3 @@ def plot_report(report: EvalReport, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-

@@ -37,4 +37,3 @@ def select_tasks(env: Any, *, level: int | None = None, count: int | None = None
             + f"; suite {suite.name} has splits {list(suite.splits)}"
         )
     return tasks
-

@@ -43,7 +43,9 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
     pinned_version = "2.1.197"
     needs_node24 = False  # a native binary
 
-    def __init__(self, *, tools: str | None = DEFAULT_TOOLS, max_retries: int = 1, max_turns: int | None = None, **kw: Any):
+    def __init__(
+        self, *, tools: str | None = DEFAULT_TOOLS, max_retries: int = 1, max_turns: int | None = None, **kw: Any
+    ):
         super().__init__(**kw)
         self.tools = tools
         self.max_retries = max_retries
@@ -51,10 +53,14 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
 
     def plan(self, ctx: HarnessContext, home: str) -> LaunchPlan:
         argv = [
-            "claude", "-p",
-            "--output-format", "stream-json", "--verbose",
-            "--dangerously-skip-permissions", "--no-session-persistence",
-        ]  # fmt: skip
+            "claude",
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--dangerously-skip-permissions",
+            "--no-session-persistence",
+        ]
         if self.tools is not None:
             argv.append(f"--tools={self.tools}")  # `=` form: --tools is variadic and would eat the prompt
         if self.max_turns:

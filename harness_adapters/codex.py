@@ -83,12 +83,21 @@ class CodexAdapter(CliHarnessAdapter):
     def plan(self, ctx: HarnessContext, home: str) -> LaunchPlan:
         codex_home = f"{home}/.codex"  # under the private HOME, never /tmp
         argv = [
-            "codex", "exec", "--skip-git-repo-check", "--json", "--dangerously-bypass-approvals-and-sandbox",
-            "--cd", ctx.sandbox.workspace_path, ctx.task.instruction,
-        ]  # fmt: skip
+            "codex",
+            "exec",
+            "--skip-git-repo-check",
+            "--json",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--cd",
+            ctx.sandbox.workspace_path,
+            ctx.task.instruction,
+        ]
         env = {"CODEX_HOME": codex_home, KEY_VAR: ctx.api_key}
         return LaunchPlan(
-            argv=argv, env=env, cwd=ctx.sandbox.workspace_path, files={f"{codex_home}/config.toml": self.config_toml(ctx)}
+            argv=argv,
+            env=env,
+            cwd=ctx.sandbox.workspace_path,
+            files={f"{codex_home}/config.toml": self.config_toml(ctx)},
         )
 
     def parse(self, stdout: str, stderr: str, exit_code: int | None) -> ParsedRun:
@@ -98,18 +107,26 @@ class CodexAdapter(CliHarnessAdapter):
         messages = [
             e["item"].get("text", "")
             for e in events
-            if e.get("type") == "item.completed" and isinstance(e.get("item"), dict)
+            if e.get("type") == "item.completed"
+            and isinstance(e.get("item"), dict)
             and e["item"].get("type") == "agent_message"
         ]
         # one model call per reasoning/message/command batch is not visible here; count the items that end a turn
         turns = sum(
-            1 for e in events
-            if e.get("type") == "item.completed" and isinstance(e.get("item"), dict)
+            1
+            for e in events
+            if e.get("type") == "item.completed"
+            and isinstance(e.get("item"), dict)
             and e["item"].get("type") in ("agent_message", "command_execution", "mcp_tool_call", "file_change")
         )
         final = messages[-1] if messages else ""
         if failed is not None or not completed:
-            detail = failed.get("error", failed.get("message")) if failed else (stderr.strip()[-400:] or "no turn.completed event")
-            return ParsedRun(success=False, final_message=final, events=events, turns=turns,
-                             error=f"Codex turn failed: {detail}")
+            detail = (
+                failed.get("error", failed.get("message"))
+                if failed
+                else (stderr.strip()[-400:] or "no turn.completed event")
+            )
+            return ParsedRun(
+                success=False, final_message=final, events=events, turns=turns, error=f"Codex turn failed: {detail}"
+            )
         return ParsedRun(success=exit_code == 0, final_message=final, events=events, turns=turns)

@@ -71,11 +71,21 @@ async def check_harness(harness: str, proxy: Any, backend: Any, tokenizer: Any, 
         row.detail = str(exc)
         return row
     engine = ScriptedTestEngine(tokenizer, [health_write_call(harness), "Health check done."])
-    task = TaskSpec(id=f"health-{harness}", instruction=f"Write {HEALTH_TEXT} into {HEALTH_FILE}.",
-                    verifier=health_verifier, timeout_s=120)
+    task = TaskSpec(
+        id=f"health-{harness}",
+        instruction=f"Write {HEALTH_TEXT} into {HEALTH_FILE}.",
+        verifier=health_verifier,
+        timeout_s=120,
+    )
     t0 = time.perf_counter()
-    result = await run_rollout(task=task, adapter=adapter, policy=Policy(engine=engine, renderer=renderer),
-                               backend=backend, proxy=proxy, options=EnvOptions(max_calls=8))
+    result = await run_rollout(
+        task=task,
+        adapter=adapter,
+        policy=Policy(engine=engine, renderer=renderer),
+        backend=backend,
+        proxy=proxy,
+        options=EnvOptions(max_calls=8),
+    )
     row.wall_s = time.perf_counter() - t0
     hr = result.harness_result
     row.calls = len(result.calls)
@@ -112,8 +122,17 @@ def render_table(rows: list[HealthRow]) -> Any:
         table.add_column(column)
     mark = {True: "[green]yes[/]", False: "[red]no[/]"}
     for r in rows:
-        table.add_row(r.harness, r.version or "-", mark[r.installed], mark[r.launched], mark[r.tool_call],
-                      mark[r.clean_exit], str(r.calls), f"{r.wall_s:.1f}", r.detail[:80])
+        table.add_row(
+            r.harness,
+            r.version or "-",
+            mark[r.installed],
+            mark[r.launched],
+            mark[r.tool_call],
+            mark[r.clean_exit],
+            str(r.calls),
+            f"{r.wall_s:.1f}",
+            r.detail[:80],
+        )
     return table
 
 

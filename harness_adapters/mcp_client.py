@@ -18,15 +18,21 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 
-async def _session_do(server: dict[str, Any], action: str, tool: str | None, arguments: dict[str, Any]) -> dict[str, Any]:
-    params = StdioServerParameters(command=server["command"], args=list(server.get("args", [])),
-                                   env=dict(server.get("env", {})) or None)
+async def _session_do(
+    server: dict[str, Any], action: str, tool: str | None, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    params = StdioServerParameters(
+        command=server["command"], args=list(server.get("args", [])), env=dict(server.get("env", {})) or None
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         if action == "list":
             tools = (await session.list_tools()).tools
-            return {"tools": [{"name": t.name, "description": t.description or "", "parameters": t.input_schema}
-                              for t in tools]}
+            return {
+                "tools": [
+                    {"name": t.name, "description": t.description or "", "parameters": t.input_schema} for t in tools
+                ]
+            }
         result = await session.call_tool(tool or "", arguments)
         texts = [getattr(block, "text", "") for block in result.content]
         return {"text": "\n".join(t for t in texts if t), "is_error": bool(result.is_error)}

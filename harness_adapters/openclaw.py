@@ -128,9 +128,19 @@ class OpenClawAdapter(CliHarnessAdapter):
         config_path = f"{home}/openclaw.json"
         timeout = max(1, math.floor(self.run_timeout(ctx)) - 2)  # finish (and clean up) before our own kill
         argv = [
-            "openclaw", "agent", "exec", "--config", config_path, "--cwd", ctx.sandbox.workspace_path,
-            "--model", f"policy/{ctx.model_name}", "--timeout", str(timeout), "--json",
-        ]  # fmt: skip
+            "openclaw",
+            "agent",
+            "exec",
+            "--config",
+            config_path,
+            "--cwd",
+            ctx.sandbox.workspace_path,
+            "--model",
+            f"policy/{ctx.model_name}",
+            "--timeout",
+            str(timeout),
+            "--json",
+        ]
         if self.local_model_lean:
             argv.append("--local-model-lean")
         if self.code_mode:
@@ -144,7 +154,12 @@ class OpenClawAdapter(CliHarnessAdapter):
             # Node opens the cache at start from NODE_COMPILE_CACHE; the second variable stops OpenClaw's launcher
             # from respawning itself into `<cache>/openclaw/<version>/<install marker>` (a second Node start).
             env |= {"NODE_COMPILE_CACHE": cache, "OPENCLAW_PACKAGED_COMPILE_CACHE_RESPAWNED": "1"}
-        return LaunchPlan(argv=argv, env=env, cwd=ctx.sandbox.workspace_path, files={config_path: json.dumps(self.config(ctx), indent=1)})
+        return LaunchPlan(
+            argv=argv,
+            env=env,
+            cwd=ctx.sandbox.workspace_path,
+            files={config_path: json.dumps(self.config(ctx), indent=1)},
+        )
 
     def parse(self, stdout: str, stderr: str, exit_code: int | None) -> ParsedRun:
         envelope = parse_json_document(stdout)
@@ -159,7 +174,9 @@ class OpenClawAdapter(CliHarnessAdapter):
             err = envelope.get("error")
             message = err.get("message") if isinstance(err, dict) else err
             error = f"OpenClaw {envelope.get('status', 'error')}: {message or 'no message'}"
-        return ParsedRun(success=ok and exit_code == 0, final_message=final or "", events=[envelope], turns=turns, error=error)
+        return ParsedRun(
+            success=ok and exit_code == 0, final_message=final or "", events=[envelope], turns=turns, error=error
+        )
 
 
 # ------------------------------------------------------------------------------------ compile cache build
@@ -199,12 +216,19 @@ async def build_compile_cache(install: HarnessInstall | None = None, *, force: b
     tokenizer = load_qwen_tokenizer()
     write = {"name": "write", "arguments": {"path": f"{DEFAULT_MOUNT_PATH}/cache.txt", "content": "ok"}}
     engine = ScriptedTestEngine(tokenizer, ["<tool_call>\n" + json.dumps(write) + "\n</tool_call>", "Done."])
-    task = TaskSpec(id="openclaw-compile-cache", instruction="Write ok into cache.txt.", verifier=keep_cache,
-                    timeout_s=300)  # fmt: skip
+    task = TaskSpec(
+        id="openclaw-compile-cache", instruction="Write ok into cache.txt.", verifier=keep_cache, timeout_s=300
+    )
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))
     async with serving_stack() as stack:
-        result = await run_rollout(task=task, adapter=_CacheFillingAdapter(install_root=install.root), policy=policy,
-                                   backend=stack.backend, proxy=stack.proxy, options=EnvOptions(max_calls=8))  # fmt: skip
+        result = await run_rollout(
+            task=task,
+            adapter=_CacheFillingAdapter(install_root=install.root),
+            policy=policy,
+            backend=stack.backend,
+            proxy=stack.proxy,
+            options=EnvOptions(max_calls=8),
+        )
     if result.reward != 1.0 or not staging.is_dir():
         shutil.rmtree(staging, ignore_errors=True)
         raise RuntimeError(f"OpenClaw compile cache build failed: {result.failure or result.harness_result}")

@@ -27,8 +27,15 @@ class PiAdapter(CliHarnessAdapter):
     package = "@mariozechner/pi-coding-agent"
     pinned_version = "0.73.1"
 
-    def __init__(self, *, api_style: str | ApiStyle = ApiStyle.OPENAI_CHAT, context_window: int = 32_768,
-                 max_tokens: int = 4096, tools: str | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        api_style: str | ApiStyle = ApiStyle.OPENAI_CHAT,
+        context_window: int = 32_768,
+        max_tokens: int = 4096,
+        tools: str | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         style = ApiStyle(api_style)
         if style not in PI_APIS:
@@ -54,8 +61,12 @@ class PiAdapter(CliHarnessAdapter):
                     "apiKey": ctx.api_key,
                     "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
                     "models": [
-                        {"id": ctx.model_name, "reasoning": False, "contextWindow": self.context_window,
-                         "maxTokens": self.max_tokens}
+                        {
+                            "id": ctx.model_name,
+                            "reasoning": False,
+                            "contextWindow": self.context_window,
+                            "maxTokens": self.max_tokens,
+                        }
                     ],
                 }
             }

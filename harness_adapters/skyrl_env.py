@@ -79,8 +79,10 @@ class WhiteBoxTextEnv(BaseTextEnv):
         self._run(self._start())
         assert self.episode is not None
         tools = [t.as_template_tool() for t in self.episode.toolbox.specs]
-        system = SYSTEM_PROMPT.format(workspace=self._sandbox.workspace_path) + TOOLS_INTRO + "\n".join(
-            json.dumps(t, ensure_ascii=False) for t in tools
+        system = (
+            SYSTEM_PROMPT.format(workspace=self._sandbox.workspace_path)
+            + TOOLS_INTRO
+            + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
         )
         messages = [{"role": "system", "content": system}, {"role": "user", "content": self.task.instruction}]
         extra = [m for m in (prompt or []) if m.get("role") != "system"]  # keep the trainer's own extra turns
@@ -96,25 +98,30 @@ class WhiteBoxTextEnv(BaseTextEnv):
         if self.episode.done or self.turns >= self.max_turns:
             reward = self._run(self._verify())
             return BaseTextEnvStepOutput(
-                observations=[], reward=reward, done=True,
+                observations=[],
+                reward=reward,
+                done=True,
                 metadata={"turns": self.turns, "final": parsed.text, "verifier": self._verifier_info()},
                 postprocessed_action=action,
-            )  # fmt: skip
+            )
         results = self._run(self.episode.run_tools(message))
         observations = [{"role": "tool", "content": r.content} for r in results]
         return BaseTextEnvStepOutput(
-            observations=observations, reward=0.0, done=False,
+            observations=observations,
+            reward=0.0,
+            done=False,
             metadata={"turns": self.turns, "tool_calls": [c.name for c in parsed.tool_calls]},
             postprocessed_action=action,
-        )  # fmt: skip
+        )
 
     async def _verify(self) -> float:
         assert self.episode is not None
         tmp = Path(tempfile.mkdtemp(prefix="clawgym-skyrl-verify-"))
         try:
             workspace = await self._sandbox.download_workspace(tmp / "workspace")
-            result = HarnessResult(harness="WhiteBox", success=True, final_message=self.episode.final_message,
-                                   turns=self.turns)
+            result = HarnessResult(
+                harness="WhiteBox", success=True, final_message=self.episode.final_message, turns=self.turns
+            )
             ctx = VerifyContext(sandbox=self._sandbox, task=self.task, harness_result=result, workspace_dir=workspace)
             self.verifier_result = await self.task.verifier.verify(ctx)
         finally:

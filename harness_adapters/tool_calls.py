@@ -40,9 +40,7 @@ def write_file_call(harness: str, path: str, content: str, workdir: str = DEFAUL
     return _write_with(WRITE_TOOL[harness], path, content, workdir)
 
 
-def write_file_call_for_tools(
-    tool_names: set[str], path: str, content: str, workdir: str = DEFAULT_MOUNT_PATH
-) -> str:
+def write_file_call_for_tools(tool_names: set[str], path: str, content: str, workdir: str = DEFAULT_MOUNT_PATH) -> str:
     """The same call for whichever harness offers `tool_names` (read from the tool schemas in its prompt).
 
     Write -> Claude Code, write -> pi / OpenClaw / the white-box loop, exec_command -> Codex, then any shell.

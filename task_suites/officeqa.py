@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 
-from task_suites._common import Draft, generate
 from clawgym_env.specs import TaskSpec
+from task_suites._common import Draft, generate
 from verifiers.files import AnswerMatches, FileChecksVerifier
 
 SUITE = "OfficeQA"
@@ -55,7 +55,13 @@ def fiscal_year(rng: random.Random, fy: int) -> dict:
     debt = []
     for q in range(4):
         public += rng.randint(150_000, 450_000)
-        debt.append({"quarter_end": month_label(fy, 3 * q + 2), "held_by_public": public, "intragovernmental": rng.randint(6_500_000, 7_200_000)})
+        debt.append(
+            {
+                "quarter_end": month_label(fy, 3 * q + 2),
+                "held_by_public": public,
+                "intragovernmental": rng.randint(6_500_000, 7_200_000),
+            }
+        )
     return {"fy": fy, "receipts": receipts, "outlays": outlays, "debt": debt}
 
 
@@ -100,32 +106,76 @@ def bulletin(rng: random.Random, data: dict, *, markdown: bool) -> str:
     """A many-page bulletin for one fiscal year (text with fixed-width tables, or markdown)."""
     fy = data["fy"]
     table = _md_table if markdown else _txt_table
-    head = [f"# Monthly Fiscal Bulletin, fiscal year {fy}" if markdown else f"MONTHLY FISCAL BULLETIN -- FISCAL YEAR {fy}"]
+    head = [
+        f"# Monthly Fiscal Bulletin, fiscal year {fy}" if markdown else f"MONTHLY FISCAL BULLETIN -- FISCAL YEAR {fy}"
+    ]
     months = [month_label(fy, i) for i in range(12)]
     pages: list[str] = []
-    pages.append("\n\n".join(head + [_prose(rng, data, "the federal finances"), _prose(rng, data, "economic conditions")]))
+    pages.append(
+        "\n\n".join(head + [_prose(rng, data, "the federal finances"), _prose(rng, data, "economic conditions")])
+    )
     total_r = [sum(v[i] for v in data["receipts"].values()) for i in range(12)]
     total_o = [sum(v[i] for v in data["outlays"].values()) for i in range(12)]
     rows = [[months[i], _n(total_r[i]), _n(total_o[i]), _n(total_r[i] - total_o[i])] for i in range(12)]
     rows.append(["Fiscal year total", _n(sum(total_r)), _n(sum(total_o)), _n(sum(total_r) - sum(total_o))])
-    pages.append(table("Table FFO-1. Summary of Fiscal Operations (in millions of dollars)", ["Month", "Total receipts", "Total outlays", "Surplus or deficit (-)"], rows))
+    pages.append(
+        table(
+            "Table FFO-1. Summary of Fiscal Operations (in millions of dollars)",
+            ["Month", "Total receipts", "Total outlays", "Surplus or deficit (-)"],
+            rows,
+        )
+    )
     pages.append(_prose(rng, data, "budget receipts"))
     for half, idx in (("first half", range(0, 6)), ("second half", range(6, 12))):
         rows = [[k, *(_n(v[i]) for i in idx)] for k, v in data["receipts"].items()]
         if half == "second half":
             rows = [r + [_n(sum(data["receipts"][r[0]]))] for r in rows]
         hdr = ["Source", *(months[i] for i in idx)] + (["Fiscal year total"] if half == "second half" else [])
-        pages.append(table(f"Table FFO-2. Budget Receipts by Source, {half} of fiscal year {fy} (in millions of dollars)", hdr, rows))
+        pages.append(
+            table(
+                f"Table FFO-2. Budget Receipts by Source, {half} of fiscal year {fy} (in millions of dollars)",
+                hdr,
+                rows,
+            )
+        )
     pages.append(_prose(rng, data, "budget outlays"))
     for half, idx in (("first half", range(0, 6)), ("second half", range(6, 12))):
         rows = [[k, *(_n(v[i]) for i in idx)] for k, v in data["outlays"].items()]
-        pages.append(table(f"Table FFO-3. Budget Outlays by Agency, {half} of fiscal year {fy} (in millions of dollars)", ["Agency", *(months[i] for i in idx)], rows))
+        pages.append(
+            table(
+                f"Table FFO-3. Budget Outlays by Agency, {half} of fiscal year {fy} (in millions of dollars)",
+                ["Agency", *(months[i] for i in idx)],
+                rows,
+            )
+        )
     pages.append(_prose(rng, data, "federal debt"))
-    rows = [[d["quarter_end"], _n(d["held_by_public"]), _n(d["intragovernmental"]), _n(d["held_by_public"] + d["intragovernmental"])] for d in data["debt"]]
-    pages.append(table("Table FD-1. Summary of Federal Debt at end of quarter (in millions of dollars)", ["End of quarter", "Held by the public", "Intragovernmental holdings", "Total"], rows))
-    pages.append(_prose(rng, data, "international financial statistics") + "\n\n" + _prose(rng, data, "cash management"))
+    rows = [
+        [
+            d["quarter_end"],
+            _n(d["held_by_public"]),
+            _n(d["intragovernmental"]),
+            _n(d["held_by_public"] + d["intragovernmental"]),
+        ]
+        for d in data["debt"]
+    ]
+    pages.append(
+        table(
+            "Table FD-1. Summary of Federal Debt at end of quarter (in millions of dollars)",
+            ["End of quarter", "Held by the public", "Intragovernmental holdings", "Total"],
+            rows,
+        )
+    )
+    pages.append(
+        _prose(rng, data, "international financial statistics") + "\n\n" + _prose(rng, data, "cash management")
+    )
     sep = "\n\n---\n\n" if markdown else "\n\f\n"
-    return sep.join(f"{p}\n\n{'' if markdown else '                                   '}Page {i + 1}" for i, p in enumerate(pages)) + "\n"
+    return (
+        sep.join(
+            f"{p}\n\n{'' if markdown else '                                   '}Page {i + 1}"
+            for i, p in enumerate(pages)
+        )
+        + "\n"
+    )
 
 
 def _answer_task(rng, level, category, instruction, files, answer, decimals, rel_tol):
@@ -134,7 +184,14 @@ def _answer_task(rng, level, category, instruction, files, answer, decimals, rel
         key=f"{level}|{category}|{instruction}|{text}|{sorted(files.items())}",
         instruction=f"{instruction} {ANSWER_NOTE}",
         workspace=files,
-        verifier=FileChecksVerifier([AnswerMatches("answer.txt", text, rel_tol=rel_tol, abs_tol=0.6 * 10**-decimals if decimals else 0.5, name="answer")], name="officeqa"),
+        verifier=FileChecksVerifier(
+            [
+                AnswerMatches(
+                    "answer.txt", text, rel_tol=rel_tol, abs_tol=0.6 * 10**-decimals if decimals else 0.5, name="answer"
+                )
+            ],
+            name="officeqa",
+        ),
         category=category,
         reference={"answer.txt": text + "\n"},
         extra={"answer": text},
@@ -149,12 +206,23 @@ def make(rng: random.Random, level: int) -> Draft:
         start = rng.randrange(10)
         idx = range(start, start + 3)
         rows = [[c, *(_n(data["receipts"][c][i]) for i in idx)] for c in cats]
-        doc = "\n\n".join([
-            f"MONTHLY FISCAL BULLETIN -- FISCAL YEAR {fy} (excerpt)",
-            _txt_table("Budget receipts by source (in millions of dollars)", ["Source", *(month_label(fy, i) for i in idx)], rows),
-        ]) + "\n"  # fmt: skip
+        doc = (
+            "\n\n".join(
+                [
+                    f"MONTHLY FISCAL BULLETIN -- FISCAL YEAR {fy} (excerpt)",
+                    _txt_table(
+                        "Budget receipts by source (in millions of dollars)",
+                        ["Source", *(month_label(fy, i) for i in idx)],
+                        rows,
+                    ),
+                ]
+            )
+            + "\n"
+        )
         cat, i = rng.choice(cats), rng.choice(list(idx))
-        question = f"According to bulletin.txt, what were {cat.lower()} in {month_label(fy, i)}, in millions of dollars?"
+        question = (
+            f"According to bulletin.txt, what were {cat.lower()} in {month_label(fy, i)}, in millions of dollars?"
+        )
         return _answer_task(rng, level, "lookup", question, {"bulletin.txt": doc}, data["receipts"][cat][i], 0, 1e-6)
     if level == 1:
         data = fiscal_year(rng, fy)
@@ -163,21 +231,27 @@ def make(rng: random.Random, level: int) -> Draft:
         if kind == "quarter_sum":
             cat, q = rng.choice(list(RECEIPTS)), rng.randrange(4)
             value = sum(data["receipts"][cat][3 * q : 3 * q + 3])
-            question = (f"Using the bulletin in the workspace, what were total {cat.lower()} in quarter {q + 1} of fiscal year {fy} "
-                        f"({month_label(fy, 3 * q)} through {month_label(fy, 3 * q + 2)}), in millions of dollars?")  # fmt: skip
+            question = (
+                f"Using the bulletin in the workspace, what were total {cat.lower()} in quarter {q + 1} of fiscal year {fy} "
+                f"({month_label(fy, 3 * q)} through {month_label(fy, 3 * q + 2)}), in millions of dollars?"
+            )
             return _answer_task(rng, level, "sum", question, files, value, 0, 1e-6)
         if kind == "deficit":
             agencies = rng.sample(list(OUTLAYS), 2)
             i = rng.randrange(12)
             value = sum(data["outlays"][a][i] for a in agencies)
-            question = (f"Using the bulletin in the workspace, what were the combined outlays of the {agencies[0]} and the "
-                        f"{agencies[1]} in {month_label(fy, i)}, in millions of dollars?")  # fmt: skip
+            question = (
+                f"Using the bulletin in the workspace, what were the combined outlays of the {agencies[0]} and the "
+                f"{agencies[1]} in {month_label(fy, i)}, in millions of dollars?"
+            )
             return _answer_task(rng, level, "sum", question, files, value, 0, 1e-6)
         agency = rng.choice(list(OUTLAYS))
         a, b = sorted(rng.sample(range(12), 2))
         old, new = data["outlays"][agency][a], data["outlays"][agency][b]
-        question = (f"Using the bulletin in the workspace, by what percent did outlays of the {agency} change from "
-                    f"{month_label(fy, a)} to {month_label(fy, b)}? Round to one decimal place (negative for a decrease).")  # fmt: skip
+        question = (
+            f"Using the bulletin in the workspace, by what percent did outlays of the {agency} change from "
+            f"{month_label(fy, a)} to {month_label(fy, b)}? Round to one decimal place (negative for a decrease)."
+        )
         return _answer_task(rng, level, "percent_change", question, files, 100 * (new - old) / old, 1, 2e-3)
     y1, y2 = fiscal_year(rng, fy), fiscal_year(rng, fy + 1)
     csv_rows = ["quarter_end,held_by_public_musd,intragovernmental_musd"] + [
@@ -192,20 +266,26 @@ def make(rng: random.Random, level: int) -> Draft:
     if kind == "annual_change":
         cat = rng.choice(list(RECEIPTS))
         old, new = sum(y1["receipts"][cat]), sum(y2["receipts"][cat])
-        question = (f"The workspace holds the bulletins for fiscal years {fy} and {fy + 1}. By what percent did annual "
-                    f"{cat.lower()} change from fiscal year {fy} to fiscal year {fy + 1}? Round to two decimal places.")  # fmt: skip
+        question = (
+            f"The workspace holds the bulletins for fiscal years {fy} and {fy + 1}. By what percent did annual "
+            f"{cat.lower()} change from fiscal year {fy} to fiscal year {fy + 1}? Round to two decimal places."
+        )
         return _answer_task(rng, level, "cross_document", question, files, 100 * (new - old) / old, 2, 1e-3)
     if kind == "debt_ratio":
         public = y2["debt"][-1]["held_by_public"]
         receipts = sum(sum(v) for v in y2["receipts"].values())
-        question = (f"Using debt_history.csv and the bulletins in the workspace, what is the ratio of debt held by the public at "
-                    f"the end of fiscal year {fy + 1} ({month_label(fy + 1, 11)}) to total receipts of fiscal year {fy + 1}? "
-                    "Round to two decimal places.")  # fmt: skip
+        question = (
+            f"Using debt_history.csv and the bulletins in the workspace, what is the ratio of debt held by the public at "
+            f"the end of fiscal year {fy + 1} ({month_label(fy + 1, 11)}) to total receipts of fiscal year {fy + 1}? "
+            "Round to two decimal places."
+        )
         return _answer_task(rng, level, "cross_document", question, files, public / receipts, 2, 2e-3)
     agency = rng.choice(list(OUTLAYS))
     value = (sum(y1["outlays"][agency]) + sum(y2["outlays"][agency])) / 24
-    question = (f"Using both bulletins in the workspace, what were the average monthly outlays of the {agency} over the 24 "
-                f"months of fiscal years {fy} and {fy + 1}, in millions of dollars, rounded to the nearest million?")  # fmt: skip
+    question = (
+        f"Using both bulletins in the workspace, what were the average monthly outlays of the {agency} over the 24 "
+        f"months of fiscal years {fy} and {fy + 1}, in millions of dollars, rounded to the nearest million?"
+    )
     return _answer_task(rng, level, "multi_step", question, files, value, 0, 1e-4)
 
 

@@ -17,33 +17,60 @@ from pathlib import Path
 
 import yaml
 
-from task_suites.importers.pinchbench import load_pinchbench_folder
-from task_suites._common import LEVELS, Draft, check_args, generate
-from task_suites.clawgymbench import NAMES, WORDS, cache_dir
 from clawgym_env.engines.cache import build_once
 from clawgym_env.specs import TaskSpec
+from task_suites._common import LEVELS, Draft, check_args, generate
+from task_suites.clawgymbench import NAMES, WORDS, cache_dir
+from task_suites.importers.pinchbench import load_pinchbench_folder
 
 SUITE = "PinchBench"
 SHIPPED = Path(__file__).parent / "pinchbench_tasks"
 
 
-def markdown(task_id: str, name: str, category: str, level: int, prompt: str, expected: str, criteria: list[str],
-             grade_body: str, reference: dict[str, str], workspace: dict[str, str], timeout: int = 180) -> str:  # fmt: skip
+def markdown(
+    task_id: str,
+    name: str,
+    category: str,
+    level: int,
+    prompt: str,
+    expected: str,
+    criteria: list[str],
+    grade_body: str,
+    reference: dict[str, str],
+    workspace: dict[str, str],
+    timeout: int = 180,
+) -> str:
     front = {
-        "id": task_id, "name": name, "category": category, "grading_type": "automated", "timeout_seconds": timeout,
-        "workspace_files": [{"path": k, "content": v} for k, v in workspace.items()], "level": level,
+        "id": task_id,
+        "name": name,
+        "category": category,
+        "grading_type": "automated",
+        "timeout_seconds": timeout,
+        "workspace_files": [{"path": k, "content": v} for k, v in workspace.items()],
+        "level": level,
         "reference_files": reference,
-    }  # fmt: skip
-    code = "def grade(transcript: list, workspace_path: str) -> dict:\n" + textwrap.indent(grade_body.strip() + "\n", "    ")
+    }
+    code = "def grade(transcript: list, workspace_path: str) -> dict:\n" + textwrap.indent(
+        grade_body.strip() + "\n", "    "
+    )
     checklist = "\n".join(f"- [ ] {c}" for c in criteria)
-    return (f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n## Prompt\n\n{prompt}\n\n## Expected Behavior\n\n{expected}\n\n"
-            f"## Grading Criteria\n\n{checklist}\n\n## Automated Checks\n\n```python\n{code}```\n")  # fmt: skip
+    return (
+        f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n## Prompt\n\n{prompt}\n\n## Expected Behavior\n\n{expected}\n\n"
+        f"## Grading Criteria\n\n{checklist}\n\n## Automated Checks\n\n```python\n{code}```\n"
+    )
 
 
 def _draft(level, category, name, prompt, expected, criteria, grade_body, reference, workspace) -> Draft:
     key = f"{level}|{category}|{prompt}|{json.dumps(workspace, sort_keys=True)}|{grade_body}"
-    return Draft(key=key, instruction=prompt, workspace=workspace, verifier=lambda ws: 0.0, category=category, reference=reference,
-                 extra={"_md": (name, expected, criteria, grade_body)})  # fmt: skip
+    return Draft(
+        key=key,
+        instruction=prompt,
+        workspace=workspace,
+        verifier=lambda ws: 0.0,
+        category=category,
+        reference=reference,
+        extra={"_md": (name, expected, criteria, grade_body)},
+    )
 
 
 def file_ops(rng: random.Random, level: int) -> Draft:
@@ -54,8 +81,17 @@ from pathlib import Path
 p = Path(workspace_path) / {fname!r}
 text = p.read_text().strip() if p.exists() else ""
 return {{"file_created": float(p.exists()), "content_exact": float(text == {phrase!r})}}"""
-        return _draft(level, "file_ops", "Write a file", f"Create a file named {fname} in the workspace containing exactly this line: {phrase}",
-                      "The agent writes the file with the given line.", [f"{fname} exists", "Content is exact"], grade, {fname: phrase + "\n"}, {})  # fmt: skip
+        return _draft(
+            level,
+            "file_ops",
+            "Write a file",
+            f"Create a file named {fname} in the workspace containing exactly this line: {phrase}",
+            "The agent writes the file with the given line.",
+            [f"{fname} exists", "Content is exact"],
+            grade,
+            {fname: phrase + "\n"},
+            {},
+        )
     keys = rng.sample(["name", "owner", "region", "tier", "color", "mode"], 3 if level == 1 else 5)
     conf = {k: rng.choice(WORDS) for k in keys}
     src = "".join(f"{k} = {v}\n" for k, v in conf.items())
@@ -74,14 +110,26 @@ for k, v in want.items():
     scores["key_" + k] = float(ok and data.get(k) == v)
 return scores"""
     extra = " Keep the keys in the same order." if level == 2 else ""
-    return _draft(level, "file_ops", "INI to JSON", f"Convert settings.ini (lines 'key = value') into settings.json, a flat JSON object of the same keys and string values.{extra}",
-                  "The agent parses each line and writes JSON.", ["settings.json is valid JSON", *(f"{k} is {v}" for k, v in conf.items())],
-                  grade, {"settings.json": json.dumps(conf)}, {"settings.ini": src})  # fmt: skip
+    return _draft(
+        level,
+        "file_ops",
+        "INI to JSON",
+        f"Convert settings.ini (lines 'key = value') into settings.json, a flat JSON object of the same keys and string values.{extra}",
+        "The agent parses each line and writes JSON.",
+        ["settings.json is valid JSON", *(f"{k} is {v}" for k, v in conf.items())],
+        grade,
+        {"settings.json": json.dumps(conf)},
+        {"settings.ini": src},
+    )
 
 
 def calendar(rng: random.Random, level: int) -> Draft:
     title = f"{rng.choice(WORDS).title()} {rng.choice(['Review', 'Sync', 'Planning', 'Retro'])}"
-    day, hour, minute = f"2025{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}", rng.randint(8, 17), rng.choice([0, 15, 30, 45])
+    day, hour, minute = (
+        f"2025{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}",
+        rng.randint(8, 17),
+        rng.choice([0, 15, 30, 45]),
+    )
     who = f"{rng.choice(NAMES).lower()}@example.com"
     iso = f"{day[:4]}-{day[4:6]}-{day[6:]}"
     ics = f"BEGIN:VCALENDAR\nVERSION:2.0\nBEGIN:VEVENT\nSUMMARY:{title}\nDTSTART:{day}T{hour:02d}{minute:02d}00\nATTENDEE:mailto:{who}\nEND:VEVENT\nEND:VCALENDAR\n"
@@ -97,8 +145,17 @@ return {{
     "attendee": float({who!r} in ics.lower()),
 }}"""
     prompt = f'Create event.ics, an iCalendar file with one event titled "{title}" starting on {iso} at {hour:02d}:{minute:02d} with attendee {who}.'
-    return _draft(level, "calendar", "Calendar event", prompt, "One VEVENT with title, start and attendee.",
-                  ["ICS file with a VEVENT", "Title", "Start", "Attendee"], grade, {"event.ics": ics}, {})  # fmt: skip
+    return _draft(
+        level,
+        "calendar",
+        "Calendar event",
+        prompt,
+        "One VEVENT with title, start and attendee.",
+        ["ICS file with a VEVENT", "Title", "Start", "Attendee"],
+        grade,
+        {"event.ics": ics},
+        {},
+    )
 
 
 def writing(rng: random.Random, level: int) -> Draft:
@@ -118,10 +175,21 @@ return {{
     "total": float({f"{total:.2f}"!r} in low or {f"{total:g}"!r} in low),
     "po_number": float({po.lower()!r} in low),
 }}"""
-    prompt = (f"Read thread.txt and write reply.txt: a reply to {person} that starts with a 'Subject:' line, confirms the quantity and "
-              f"unit price, states the total cost (quantity x unit price, 2 decimals) and gives our PO number {po}.")  # fmt: skip
-    return _draft(level, "writing", "Vendor reply", prompt, "A short reply with all facts and the computed total.",
-                  ["Subject line", "Quantity and price", "Total", "PO number"], grade, {"reply.txt": reply}, {"thread.txt": thread})  # fmt: skip
+    prompt = (
+        f"Read thread.txt and write reply.txt: a reply to {person} that starts with a 'Subject:' line, confirms the quantity and "
+        f"unit price, states the total cost (quantity x unit price, 2 decimals) and gives our PO number {po}."
+    )
+    return _draft(
+        level,
+        "writing",
+        "Vendor reply",
+        prompt,
+        "A short reply with all facts and the computed total.",
+        ["Subject line", "Quantity and price", "Total", "PO number"],
+        grade,
+        {"reply.txt": reply},
+        {"thread.txt": thread},
+    )
 
 
 def data(rng: random.Random, level: int) -> Draft:
@@ -136,8 +204,17 @@ want = {passed!r}
 return {{"file_created": float(p.exists()), "names_correct": float(sorted(got) == want), "sorted": float(bool(got) and got == want)}}"""
     prompt = f"scores.csv has columns name,score. Write passed.txt listing the names with score >= {cutoff}, one per line, sorted alphabetically."
     csv_text = "name,score\n" + "".join(f"{n},{s}\n" for n, s in scores.items())
-    return _draft(level, "data", "Filter scores", prompt, "The agent filters and sorts names.", ["passed.txt exists", "Right names", "Sorted"],
-                  grade, {"passed.txt": "".join(f"{n}\n" for n in passed) or "\n"}, {"scores.csv": csv_text})  # fmt: skip
+    return _draft(
+        level,
+        "data",
+        "Filter scores",
+        prompt,
+        "The agent filters and sorts names.",
+        ["passed.txt exists", "Right names", "Sorted"],
+        grade,
+        {"passed.txt": "".join(f"{n}\n" for n in passed) or "\n"},
+        {"scores.csv": csv_text},
+    )
 
 
 def make(rng: random.Random, level: int) -> Draft:
@@ -162,7 +239,9 @@ def load(split: str = "train", level: int | None = None, seed: int = 0, count: i
     check_args(SUITE, split, level, count)
     levels = LEVELS if level is None else (level,)
     shipped = [t for t in shipped_tasks() if t.metadata["split"] == split and t.metadata["level"] in levels]
-    drafts = generate(SUITE, make, split=split, level=level, seed=seed, count=None if count is None else max(0, count - len(shipped)))
+    drafts = generate(
+        SUITE, make, split=split, level=level, seed=seed, count=None if count is None else max(0, count - len(shipped))
+    )
     if count is not None:
         shipped = shipped[:count]
     if not drafts:
@@ -170,8 +249,18 @@ def load(split: str = "train", level: int | None = None, seed: int = 0, count: i
     texts = {}
     for t in drafts:
         name, expected, criteria, grade = t.metadata["_md"]
-        texts[t.id] = markdown(t.id, name, t.metadata["category"], t.metadata["level"], t.instruction, expected, criteria, grade,
-                               t.metadata["reference"]["files"], dict(t.workspace.files))  # fmt: skip
+        texts[t.id] = markdown(
+            t.id,
+            name,
+            t.metadata["category"],
+            t.metadata["level"],
+            t.instruction,
+            expected,
+            criteria,
+            grade,
+            t.metadata["reference"]["files"],
+            dict(t.workspace.files),
+        )
     digest = hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()[:20]
 
     def build(tmp: Path) -> None:

@@ -35,8 +35,15 @@ def resolve(dotted: str) -> object:
 def test_the_page_names_the_whole_path():
     names = names_on_page()
     assert len(names) >= 30
-    for stage in ("ServingProxy._generation_call", "ModelCall", "build_forest", "pack_forests", "tree_logprobs",
-                  "policy_loss", "Trainer.update"):  # fmt: skip
+    for stage in (
+        "ServingProxy._generation_call",
+        "ModelCall",
+        "build_forest",
+        "pack_forests",
+        "tree_logprobs",
+        "policy_loss",
+        "Trainer.update",
+    ):
         assert any(name.endswith(stage) for name in names), stage
 
 

@@ -24,7 +24,9 @@ def run_ruff(*args: str) -> subprocess.CompletedProcess[str]:
     try:
         import ruff  # noqa: F401 - the package only ships the binary
     except ImportError:
-        pytest.fail("ruff is not installed: it is in the dev extra (`bash scripts/setup.sh` or `pip install -e '.[dev]'`)")
+        pytest.fail(
+            "ruff is not installed: it is in the dev extra (`bash scripts/setup.sh` or `pip install -e '.[dev]'`)"
+        )
     return subprocess.run(
         [sys.executable, "-m", "ruff", *args, *FOLDERS], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
@@ -32,7 +34,9 @@ def run_ruff(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_check_is_clean():
     result = run_ruff("check", "--no-cache", "--output-format", "concise")
-    assert result.returncode == 0, f"ruff check found problems (try `ruff check --fix .`):\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"ruff check found problems (try `ruff check --fix .`):\n{result.stdout}{result.stderr}"
+    )
 
 
 def test_ruff_format_is_clean():

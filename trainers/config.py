@@ -60,7 +60,7 @@ class ModelSettings(Strict):
 
 
 class EngineSettings(Strict):
-    kind: Literal["transformers", "vllm", "remote"] = "transformers"
+    kind: Literal["transformers", "vllm", "vllm_server", "remote"] = "transformers"
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -75,7 +75,9 @@ class EvalSettings(Strict):
     temperature: float | None = Field(default=None, ge=0, description="null = algorithm.temperature")
     at_start: bool = True
     concurrency: int | None = Field(default=None, ge=1, description="rollouts at once; null = what the machine holds")
-    cache_dir: str | None = None  # reuse the untrained policy's start evaluation across runs (same model/tasks/seeds/harness)
+    cache_dir: str | None = (
+        None  # reuse the untrained policy's start evaluation across runs (same model/tasks/seeds/harness)
+    )
 
 
 class CheckpointSettings(Strict):

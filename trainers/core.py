@@ -52,7 +52,8 @@ class OptimConfig(BaseModel):
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     token_budget: int = Field(default=4096, ge=1, description="unique tokens per packed micro-batch")
     share_prompts: bool = Field(
-        default=True, description="compute a group's common leading prompt once per micro-batch (exact; off = each rollout alone)"
+        default=True,
+        description="compute a group's common leading prompt once per micro-batch (exact; off = each rollout alone)",
     )
     epochs: int = Field(default=1, ge=1, description="passes over each step's batch")
     minibatches: int = Field(default=1, ge=1, description="optimizer steps per pass")
@@ -104,7 +105,9 @@ class Trainer:
         self.device = torch.device(device)
         groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": self.optim_config.lr}]
         if critic is not None:
-            groups.append({"params": [p for p in critic.parameters() if p.requires_grad], "lr": self.optim_config.critic_lr})
+            groups.append(
+                {"params": [p for p in critic.parameters() if p.requires_grad], "lr": self.optim_config.critic_lr}
+            )
         self.optimizer = torch.optim.AdamW(
             groups,
             lr=self.optim_config.lr,
@@ -184,7 +187,9 @@ class Trainer:
         with torch.no_grad():
             for mb in micro_batches:
                 temperature = self.algorithm.config.temperature  # the loss's log-probs are at this temperature too
-                mb.old_logprobs = tree_logprobs(self.model, mb.packed, temperature=temperature, with_entropy=False).logprobs.detach()
+                mb.old_logprobs = tree_logprobs(
+                    self.model, mb.packed, temperature=temperature, with_entropy=False
+                ).logprobs.detach()
                 if self.critic is not None and mb.old_values is None:
                     mb.old_values = self.critic(mb).detach()
 
@@ -299,7 +304,9 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, critic:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         modules = model if critic is None else (model, critic)
-        return get_optimizer_state_dict(modules, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            modules, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     return optimizer.state_dict()
 
 

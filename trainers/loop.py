@@ -91,7 +91,9 @@ def build_envs(cfg: TrainConfig, runtime: Any, split: str, *, evaluation: bool =
     envs = []
     for env_id in cfg.env.ids:
         overrides = dict(cfg.env.options)
-        overrides.update(split=split, backend=cfg.sandbox.backend, backend_options=cfg.sandbox.options, temperature=temperature)
+        overrides.update(
+            split=split, backend=cfg.sandbox.backend, backend_options=cfg.sandbox.options, temperature=temperature
+        )
         template = clawgym_env.make(env_id, **overrides)
         envs.append(ClawGymEnv(template.env_spec, template.suite, template.harness, template.options, runtime=runtime))
     return envs
@@ -116,7 +118,9 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
 
 
 # ------------------------------------------------------------------------------------------- rollouts
-def collect(envs: list[Any], samplers: list[TaskSampler], tasks: list[list[Any]], policy: Any, cfg: TrainConfig) -> RolloutBatch:
+def collect(
+    envs: list[Any], samplers: list[TaskSampler], tasks: list[list[Any]], policy: Any, cfg: TrainConfig
+) -> RolloutBatch:
     """One step's rollouts: tasks_per_step tasks per env, group_size rollouts per task, concurrently."""
     from clawgym_env.vector_env import ClawGymVectorEnv
 
@@ -179,12 +183,22 @@ def tree_metrics(forests: list[Any]) -> dict[str, float]:
     from clawgym_env.trajectory import ForestStats
 
     total = sum((f.stats for f in forests), ForestStats())
-    keep = ("calls", "leaves", "dead_leaves_removed", "compaction_calls_set_aside", "subagent_calls_set_aside",
-            "dropped_overfork", "drift_events", "failed_calls")  # fmt: skip
+    keep = (
+        "calls",
+        "leaves",
+        "dead_leaves_removed",
+        "compaction_calls_set_aside",
+        "subagent_calls_set_aside",
+        "dropped_overfork",
+        "drift_events",
+        "failed_calls",
+    )
     return {f"tree/{k}": float(getattr(total, k)) for k in keep}
 
 
-def held_out_reward(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int, concurrency: int | None = None) -> dict[str, float]:
+def held_out_reward(
+    envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int, concurrency: int | None = None
+) -> dict[str, float]:
     """Mean held-out reward per harness (failed rollouts count 0) and overall; at most `concurrency`
     rollouts at once (default: what the machine holds, evaluation.default_concurrency)."""
     from evaluation import default_concurrency
@@ -196,7 +210,9 @@ def held_out_reward(envs: list[Any], tasks: list[list[Any]], policy: Any, repeat
             return await env.arollout(policy, task)
 
     async def run_all() -> list[Any]:
-        return list(await asyncio.gather(*(one(env, t) for env, ts in zip(envs, tasks) for t in ts for _ in range(repeats))))
+        return list(
+            await asyncio.gather(*(one(env, t) for env, ts in zip(envs, tasks) for t in ts for _ in range(repeats)))
+        )
 
     results = envs[0].runtime.run(run_all())
     by_harness: dict[str, list[float]] = {}
@@ -216,11 +232,24 @@ def start_eval_key(cfg: TrainConfig, envs: list[Any], tasks: list[list[Any]]) ->
     """What the untrained policy's held-out reward depends on; equal keys across runs share one measurement."""
     from evaluation import EvalKey
 
-    policy = {"model": cfg.model.name, "weights_seed": cfg.model.seed, "dtype": cfg.model.dtype, "lora": cfg.model.lora.model_dump(),
-              "engine": cfg.engine.model_dump(), "checkpoint": None}  # fmt: skip
+    policy = {
+        "model": cfg.model.name,
+        "weights_seed": cfg.model.seed,
+        "dtype": cfg.model.dtype,
+        "lora": cfg.model.lora.model_dump(),
+        "engine": cfg.engine.model_dump(),
+        "checkpoint": None,
+    }
     temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.algorithm.temperature
-    return EvalKey.for_envs("held_out_reward", policy=policy, envs=envs, tasks=tasks, repeats=cfg.eval.repeats,
-                            sampling_seed=cfg.seed, temperature=temperature)  # fmt: skip
+    return EvalKey.for_envs(
+        "held_out_reward",
+        policy=policy,
+        envs=envs,
+        tasks=tasks,
+        repeats=cfg.eval.repeats,
+        sampling_seed=cfg.seed,
+        temperature=temperature,
+    )
 
 
 # ------------------------------------------------------------------------------------------- the loop
@@ -271,7 +300,10 @@ class Run:
         metrics = D.broadcast_object(metrics)
         self.logger.log({**metrics, "label": label}, self.trainer.step, kind="eval")
         if self.main_rank:
-            console.print(f"[bold]eval ({label}, step {self.trainer.step})[/bold] " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith("eval_reward")))
+            console.print(
+                f"[bold]eval ({label}, step {self.trainer.step})[/bold] "
+                + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith("eval_reward"))
+            )
         return metrics
 
     def _measure(self, label: str) -> dict[str, float]:
@@ -285,7 +317,9 @@ class Run:
             if cached is not None:
                 console.print(f"eval (start): reusing {cache.path(key)}")
                 return {**cached, "eval_cached": 1.0}
-        metrics = held_out_reward(self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats, self.cfg.eval.concurrency)
+        metrics = held_out_reward(
+            self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats, self.cfg.eval.concurrency
+        )
         if cache is not None and key is not None:
             cache.put(key, metrics, run_dir=str(self.run_dir))
         return metrics
@@ -309,8 +343,15 @@ def start_run(cfg: TrainConfig) -> Run:
     model, tokenizer, critic, ref_model = build_models(cfg)
     algorithm = ALGORITHMS[cfg.algorithm.name](cfg.algorithm)  # type: ignore[arg-type]
     rollout_side = build_rollout_side(cfg, model, tokenizer, run_dir) if main_rank else {}
-    trainer = Trainer(model, algorithm, cfg.optim, engine=rollout_side.get("engine"), critic=critic,
-                      ref_model=ref_model, device=cfg.device)  # fmt: skip
+    trainer = Trainer(
+        model,
+        algorithm,
+        cfg.optim,
+        engine=rollout_side.get("engine"),
+        critic=critic,
+        ref_model=ref_model,
+        device=cfg.device,
+    )
     samplers = [TaskSampler(len(ts), cfg.seed + i) for i, ts in enumerate(rollout_side.get("train_tasks", []))]
     logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main_rank)
     summary = {"run_dir": str(run_dir), "algorithm": algorithm.name, "env_ids": cfg.env.ids, "stages": {}}
@@ -392,9 +433,16 @@ def warm_start(run: Run) -> None:
     run.trainer.sync_weights()
     after = run.evaluate("after_warm_start")
     run.summary["stages"]["warm_start"] = {"report": report.model_dump(), "before": before, "after": after}
-    run.logger.log({"sft_loss_first": report.loss_per_epoch[0] if report.loss_per_epoch else None,
-                    "sft_loss_last": report.loss_per_epoch[-1] if report.loss_per_epoch else None,
-                    "demonstrations": report.demonstrations, "successful": report.successful}, 0, kind="warm_start")  # fmt: skip
+    run.logger.log(
+        {
+            "sft_loss_first": report.loss_per_epoch[0] if report.loss_per_epoch else None,
+            "sft_loss_last": report.loss_per_epoch[-1] if report.loss_per_epoch else None,
+            "demonstrations": report.demonstrations,
+            "successful": report.successful,
+        },
+        0,
+        kind="warm_start",
+    )
 
 
 def training_steps(run: Run) -> dict[str, float] | None:
@@ -402,19 +450,30 @@ def training_steps(run: Run) -> dict[str, float] | None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     cfg, trainer = run.cfg, run.trainer
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console,
-                        disable=not (run.main_rank and cfg.logging.progress))  # fmt: skip
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        disable=not (run.main_rank and cfg.logging.progress),
+    )
     last_eval = None
     with progress:
         bar = progress.add_task(f"{trainer.algorithm.name} training", total=cfg.steps, completed=trainer.step, info="")
         while trainer.step < cfg.steps:
             progress.update(bar, info="rollouts ...")
             metrics = training_step(run, lambda: progress.update(bar, info="update ..."))
-            progress.update(bar, completed=trainer.step, info=(
-                f"reward {metrics.get('reward_mean', 0):.3f}  loss {metrics.get('loss', 0):.4f}  "
-                f"degenerate {int(metrics.get('groups_degenerate', 0))}/{int(metrics.get('groups', 0))}  "
-                f"failed {int(metrics.get('rollouts_failed', 0))}"))  # fmt: skip
+            progress.update(
+                bar,
+                completed=trainer.step,
+                info=(
+                    f"reward {metrics.get('reward_mean', 0):.3f}  loss {metrics.get('loss', 0):.4f}  "
+                    f"degenerate {int(metrics.get('groups_degenerate', 0))}/{int(metrics.get('groups', 0))}  "
+                    f"failed {int(metrics.get('rollouts_failed', 0))}"
+                ),
+            )
             if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.steps:
                 last_eval = run.evaluate("periodic")
             if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0:
@@ -456,7 +515,9 @@ def finish(run: Run) -> dict[str, Any]:
         if run.logger.path.is_file():
             plot_metrics(run.logger.path, run.run_dir / "metrics.png")
         (run.run_dir / "summary.json").write_text(json.dumps(run.summary, indent=2, default=str))
-        console.print(f"metrics: {run.logger.path}  plot: {run.run_dir / 'metrics.png'}  summary: {run.run_dir / 'summary.json'}")
+        console.print(
+            f"metrics: {run.logger.path}  plot: {run.run_dir / 'metrics.png'}  summary: {run.run_dir / 'summary.json'}"
+        )
     run.logger.close()
     if run.engine is not None and hasattr(run.engine, "close"):
         run.engine.close()

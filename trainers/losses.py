@@ -32,7 +32,9 @@ class PolicyLossConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the reference policy (0 = off)")
     entropy_coef: float = Field(default=0.0, ge=0, description="entropy bonus (0 = logged only)")
     temperature: float = Field(
-        default=1.0, gt=0, description="the sampling temperature: the engine samples with it, the trainer divides its logits by it"
+        default=1.0,
+        gt=0,
+        description="the sampling temperature: the engine samples with it, the trainer divides its logits by it",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 

@@ -55,9 +55,15 @@ QUICK_OVERRIDES = [
 ]
 
 
-def main_job_overrides(*, mix: bool = False, whitebox: bool = False, quick: bool = False,
-                       steps: int | None = None, run_dir: Path | None = None,
-                       extra: list[str] | None = None) -> list[str]:  # fmt: skip
+def main_job_overrides(
+    *,
+    mix: bool = False,
+    whitebox: bool = False,
+    quick: bool = False,
+    steps: int | None = None,
+    run_dir: Path | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
     """The Hydra overrides of the main job's preset (later entries win)."""
     if mix and whitebox:
         raise ValueError("--mix and --whitebox exclude each other: the white-box baseline is one harness")
@@ -68,6 +74,8 @@ def main_job_overrides(*, mix: bool = False, whitebox: bool = False, quick: bool
         overrides += ["env=clawgym_whitebox", "env.tasks_per_step=1"]
     if quick:
         overrides += QUICK_OVERRIDES
+        if any(o.startswith("engine=vllm") for o in extra or []):  # vLLM's CPU attention needs head_dim 64
+            overrides.append("model=tiny-qwen3-h64")
     if steps is not None:
         overrides.append(f"steps={steps}")
     if run_dir is not None:
@@ -95,9 +103,11 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
     report = build_report(Path(cfg.run_dir), summary, wall_s)
     console.print(render_report(report))
     (Path(cfg.run_dir) / "report.json").write_text(json.dumps(report, indent=2))
-    console.print(f"run directory: [bold]{cfg.run_dir}[/bold] (recorded calls in rollouts/calls.jsonl, "
-                  f"checkpoints/, metrics.jsonl, metrics.png, report.json; inspect a rollout with "
-                  f"`clawgym inspect {cfg.run_dir}/rollouts`)")  # fmt: skip
+    console.print(
+        f"run directory: [bold]{cfg.run_dir}[/bold] (recorded calls in rollouts/calls.jsonl, "
+        f"checkpoints/, metrics.jsonl, metrics.png, report.json; inspect a rollout with "
+        f"`clawgym inspect {cfg.run_dir}/rollouts`)"
+    )
     return report
 
 
@@ -118,7 +128,9 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
     report: dict[str, Any] = {
         "run_dir": str(run_dir),
         "steps": summary.get("steps"),
-        "held_out": {h: {"before": start.get(f"eval_reward/{h}"), "after": end.get(f"eval_reward/{h}")} for h in harnesses},
+        "held_out": {
+            h: {"before": start.get(f"eval_reward/{h}"), "after": end.get(f"eval_reward/{h}")} for h in harnesses
+        },
         "train_reward_by_step": [r.get("reward_mean") for r in train_rows],
         "rollouts": total("rollouts"),
         "rollouts_failed": total("rollouts_failed"),
@@ -136,7 +148,9 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
         "plot": str(run_dir / "metrics.png"),
         "failures": summary.get("failures") or {},
     }
-    report["time_s"]["evaluation_and_setup"] = max(0.0, wall_s - report["time_s"]["rollouts"] - report["time_s"]["updates"])
+    report["time_s"]["evaluation_and_setup"] = max(
+        0.0, wall_s - report["time_s"]["rollouts"] - report["time_s"]["updates"]
+    )
     return report
 
 
@@ -153,17 +167,26 @@ def render_report(report: dict[str, Any]) -> Table:
         table.add_row(f"held-out reward, {harness}: before → after", f"{fmt(r['before'])} → {fmt(r['after'])}")
     table.add_row("training reward by step", " ".join(fmt(x, 2) for x in report["train_reward_by_step"]))
     table.add_row("rollouts (failed)", f"{report['rollouts']:.0f} ({report['rollouts_failed']:.0f})")
-    reasons = sorted(((n, f"{stage}: {why}") for stage, c in report.get("failures", {}).items() for why, n in c.items()), reverse=True)
+    reasons = sorted(
+        ((n, f"{stage}: {why}") for stage, c in report.get("failures", {}).items() for why, n in c.items()),
+        reverse=True,
+    )
     for n, why in reasons[:5]:  # training and evaluation rollouts alike
         table.add_row(f"  failure: {why}", f"{n}")
-    table.add_row("GRPO groups (degenerate: all rewards equal)", f"{report['groups']:.0f} ({report['groups_degenerate']:.0f})")
+    table.add_row(
+        "GRPO groups (degenerate: all rewards equal)", f"{report['groups']:.0f} ({report['groups_degenerate']:.0f})"
+    )
     table.add_row("updates skipped (no signal)", f"{report['updates_skipped']:.0f}")
-    table.add_row("tokens trained (unique tree tokens / branch tokens)",
-                  f"{report['trained_tokens']:.0f} ({report['unique_tokens']:.0f} / {report['branch_tokens']:.0f})")  # fmt: skip
+    table.add_row(
+        "tokens trained (unique tree tokens / branch tokens)",
+        f"{report['trained_tokens']:.0f} ({report['unique_tokens']:.0f} / {report['branch_tokens']:.0f})",
+    )
     for key, value in report["tree"].items():
         table.add_row(f"tree: {key.replace('_', ' ')}", f"{value:.0f}")
-    table.add_row("IS ratio mean / KL (k3) / clipped fraction",
-                  f"{fmt(report['is_ratio_mean'])} / {fmt(report['is_kl_k3'], 5)} / {fmt(report['is_clipped_frac'])}")  # fmt: skip
+    table.add_row(
+        "IS ratio mean / KL (k3) / clipped fraction",
+        f"{fmt(report['is_ratio_mean'])} / {fmt(report['is_kl_k3'], 5)} / {fmt(report['is_clipped_frac'])}",
+    )
     for phase, seconds in report["time_s"].items():
         table.add_row(f"time: {phase.replace('_', ' ')}", f"{seconds:.0f} s")
     table.add_row("reward curve", report["plot"])

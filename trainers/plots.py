@@ -1,6 +1,6 @@
 """A one-page picture of a training run from its metrics.jsonl: reward per harness, loss, clipping, IS metrics.
 
-    python -m trainers.plots runs/train-xyz/metrics.jsonl runs/train-xyz/metrics.png
+python -m trainers.plots runs/train-xyz/metrics.jsonl runs/train-xyz/metrics.png
 """
 
 from __future__ import annotations

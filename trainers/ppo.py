@@ -35,7 +35,9 @@ class PPOConfig(PolicyLossConfig):
     name: Literal["ppo"] = "ppo"
     gamma: float = Field(default=1.0, ge=0, le=1, description="discount per generated token")
     lam: float = Field(
-        default=1.0, ge=0, le=1,
+        default=1.0,
+        ge=0,
+        le=1,
         description="GAE lambda; 1.0 gives every token R - V(s): with one reward at a branch's end, a lambda of 0.95 "
         "leaves a token 100 steps earlier 0.95**100 = 0.6% of it until the critic has learned",
     )
@@ -43,7 +45,8 @@ class PPOConfig(PolicyLossConfig):
     value_clip: float | None = Field(default=0.2, gt=0, description="PPO value clipping (null = off)")
     normalize_advantages: bool = Field(default=True, description="whiten advantages over the batch's trained tokens")
     train_critic_trunk: bool = Field(
-        default=True, description="train the critic's transformer trunk (false: only its value head, on frozen features; ~2x cheaper)"
+        default=True,
+        description="train the critic's transformer trunk (false: only its value head, on frozen features; ~2x cheaper)",
     )
     skip_uniform_batches: bool = Field(
         default=True,
@@ -157,7 +160,9 @@ def ppo_micro_batches(
         if trained.numel() > 1:
             mean, std = trained.mean(), trained.std()
             for mb in micro_batches:
-                mb.advantages = torch.where(mb.loss_mask, (mb.advantages - mean) / (std + 1e-6), torch.zeros_like(mb.advantages))
+                mb.advantages = torch.where(
+                    mb.loss_mask, (mb.advantages - mean) / (std + 1e-6), torch.zeros_like(mb.advantages)
+                )
     return micro_batches, metrics
 
 

@@ -135,9 +135,15 @@ class SyntheticRollouts:
                     seed = int(self.rng.integers(2**31))
                     rid = f"r{self.drawn}"
                     self.drawn += 1
-                    f = synthetic_forest(seed, vocab=self.vocab, rollout_id=rid, task_id=task, harness=harness, **self.forest_kwargs)  # type: ignore[arg-type]
+                    f = synthetic_forest(
+                        seed, vocab=self.vocab, rollout_id=rid, task_id=task, harness=harness, **self.forest_kwargs
+                    )  # type: ignore[arg-type]
                     gen = f.tokens[f.generated]
-                    reward = float(np.clip((gen < self.vocab // 2).mean() + self.rng.normal(0, 0.1), 0, 1)) if gen.size else 0.0
+                    reward = (
+                        float(np.clip((gen < self.vocab // 2).mean() + self.rng.normal(0, 0.1), 0, 1))
+                        if gen.size
+                        else 0.0
+                    )
                     f.reward = reward
                     forests.append(f)
                     rewards.append(reward)

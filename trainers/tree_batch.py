@@ -111,7 +111,9 @@ def build_micro_batches(
         if forest.rollout_id in by_id:
             raise ValueError(f"rollout id {forest.rollout_id!r} appears twice; rollout ids must be unique in a batch")
         if not forest.ok:
-            raise ValueError(f"rollout {forest.rollout_id} is {forest.status}: leave failed rollouts out before packing")
+            raise ValueError(
+                f"rollout {forest.rollout_id} is {forest.status}: leave failed rollouts out before packing"
+            )
         by_id[forest.rollout_id] = k
     out = []
     for packed in pack_forests(list(forests), token_budget, share_context=share_context):

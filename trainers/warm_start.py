@@ -47,7 +47,9 @@ def demonstration_policies(tokenizer: Any = None) -> Any:
     return policies
 
 
-def collect_demonstrations(envs: Sequence[Any], tasks: Sequence[Sequence[Any]], per_task: int, tokenizer: Any = None) -> RolloutBatch:
+def collect_demonstrations(
+    envs: Sequence[Any], tasks: Sequence[Sequence[Any]], per_task: int, tokenizer: Any = None
+) -> RolloutBatch:
     """Play the reference solution of each task through each env's harness, `per_task` times."""
     policies = demonstration_policies(tokenizer)
     batches = []

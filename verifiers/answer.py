@@ -16,11 +16,20 @@ import unicodedata
 from typing import Any
 
 _SCALES = {
-    "thousand": 1e3, "thousands": 1e3, "k": 1e3,
-    "million": 1e6, "millions": 1e6, "mn": 1e6, "mm": 1e6,
-    "billion": 1e9, "billions": 1e9, "bn": 1e9,
-    "trillion": 1e12, "trillions": 1e12, "tn": 1e12,
-}  # fmt: skip
+    "thousand": 1e3,
+    "thousands": 1e3,
+    "k": 1e3,
+    "million": 1e6,
+    "millions": 1e6,
+    "mn": 1e6,
+    "mm": 1e6,
+    "billion": 1e9,
+    "billions": 1e9,
+    "bn": 1e9,
+    "trillion": 1e12,
+    "trillions": 1e12,
+    "tn": 1e12,
+}
 _CURRENCY = re.compile(r"(?i)(us\$|usd|eur|gbp|jpy|cad|aud|dollars?|euros?|pounds?|[$€£¥₹])")
 _LABEL = re.compile(r"(?i)^\s*(final\s+answer|answer|result|total)\s*(is|=|:)?\s*")
 _NUMBER = re.compile(r"[-+]?\(?\d[\d,_\s]*(?:\.\d+)?\)?|[-+]?\(?\.\d+\)?")

@@ -31,7 +31,7 @@ class BaseVerifier:
             if self.timeout_s is None:
                 return await self._verify(ctx)
             return await asyncio.wait_for(self._verify(ctx), timeout=self.timeout_s)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             return VerifierResult.failure(f"{self.name} timed out after {self.timeout_s:g} s")
         except VerifierConfigError as exc:
             return VerifierResult.failure(f"{self.name} is misconfigured: {exc}")
@@ -51,6 +51,9 @@ async def host_workspace(ctx: VerifyContext) -> AsyncIterator[Path]:
     if ctx.workspace_dir is not None:
         yield Path(ctx.workspace_dir)
         return
+    end_agent = getattr(ctx.sandbox, "end_agent_processes", None)
+    if end_agent is not None:  # nothing the agent left running may change the workspace while it is copied
+        await end_agent()
     tmp = Path(tempfile.mkdtemp(prefix="clawgym-verify-"))
     try:
         yield Path(await ctx.sandbox.download_workspace(tmp / "workspace"))

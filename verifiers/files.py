@@ -8,11 +8,14 @@ reason), not a verifier error. `FileChecksVerifier` runs a list of checks as nam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
+import os
 import re
 import sqlite3
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +24,29 @@ from typing import Any, Literal
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from clawgym_env.specs import check_relative_path
 from verifiers.answer import match_answer, normalize_text
-from verifiers.base import BaseVerifier, VerifierConfigError, check_weights, host_workspace, weighted_mean
+from verifiers.base import (
+    BaseVerifier,
+    VerifierConfigError,
+    check_weights,
+    host_workspace,
+    weighted_mean,
+)
+
+
+def refuse_outside(workspace: Path, target: Path) -> str | None:
+    """Why `target` may not be read (a link leading out of the workspace, or not a regular file), or None.
+
+    The checks open files by path, so the path must resolve inside the workspace to a regular file: a link
+    to a host file must not be read, and a FIFO would block the reader forever.
+    """
+    root = os.path.realpath(workspace)
+    real = os.path.realpath(target)
+    if real != root and not real.startswith(root + os.sep):
+        return "is a link that leads out of the workspace; not read"
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            return "is not a regular file (a folder, FIFO, socket or device); not read"
+    return None
 
 
 @dataclass
@@ -49,12 +74,16 @@ def values_match(actual: Any, expected: Any, rel_tol: float = 1e-2) -> bool:
     if expected is None:
         return actual is None or str(actual).strip() == ""
     if isinstance(expected, (list, tuple)):
-        return isinstance(actual, (list, tuple)) and len(actual) == len(expected) and all(
-            values_match(a, e, rel_tol) for a, e in zip(actual, expected)
+        return (
+            isinstance(actual, (list, tuple))
+            and len(actual) == len(expected)
+            and all(values_match(a, e, rel_tol) for a, e in zip(actual, expected))
         )
     if isinstance(expected, Mapping):
-        return isinstance(actual, Mapping) and set(map(str, actual)) == set(map(str, expected)) and all(
-            values_match(actual.get(k), v, rel_tol) for k, v in expected.items()
+        return (
+            isinstance(actual, Mapping)
+            and set(map(str, actual)) == set(map(str, expected))
+            and all(values_match(actual.get(k), v, rel_tol) for k, v in expected.items())
         )
     if actual is None:
         return False
@@ -73,6 +102,9 @@ class FileCheck:
 
     def run(self, workspace: Path) -> CheckOutcome:
         target = self._file(workspace)
+        refused = refuse_outside(Path(workspace), target)
+        if refused:
+            return _fail(f"{self.path} {refused}")
         if not target.is_file():
             return _fail(f"{self.path} does not exist")
         try:
@@ -307,8 +339,10 @@ class SqliteQuery(FileCheck):
             ok = values_match(sorted(rows, key=key), sorted(want, key=key), self.rel_tol) or values_match(
                 sorted(map(list, rows), key=key), sorted(map(list, want), key=key), self.rel_tol
             )
-        return _ok(f"query returned the expected {len(want)} rows") if ok else _fail(
-            f"query returned {rows[:5]!r}{'...' if len(rows) > 5 else ''}, expected {want[:5]!r}"
+        return (
+            _ok(f"query returned the expected {len(want)} rows")
+            if ok
+            else _fail(f"query returned {rows[:5]!r}{'...' if len(rows) > 5 else ''}, expected {want[:5]!r}")
         )
 
 
@@ -409,7 +443,9 @@ class FileChecksVerifier(BaseVerifier):
         outcomes = {c.name: c.run(workspace) for c in self.checks}
         scores = {k: o.score for k, o in outcomes.items()}
         lines = [f"{'PASS' if o.passed else 'FAIL'} {k}: {o.detail}" for k, o in outcomes.items()]
-        return VerifierResult(reward=weighted_mean(scores, self.weights), subscores=scores, explanation="\n".join(lines))
+        return VerifierResult(
+            reward=weighted_mean(scores, self.weights), subscores=scores, explanation="\n".join(lines)
+        )
 
     async def _verify(self, ctx: VerifyContext) -> VerifierResult:
         async with host_workspace(ctx) as workspace:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,9 @@ class RubricVerifier(BaseVerifier):
                         passed, raw = await self.judge.ask(c.question or "", evidence)
                     except JudgeAnswerError as exc:
                         return VerifierResult(
-                            reward=0.0, subscores=results, error=f"criterion {c.name!r}: {exc}",
+                            reward=0.0,
+                            subscores=results,
+                            error=f"criterion {c.name!r}: {exc}",
                             explanation="\n".join(lines + [f"ERROR {c.name}: {exc}"]),
                         )
                     detail = f"judge said {raw!r}"

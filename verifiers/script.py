@@ -41,7 +41,9 @@ def parse_reward_output(stdout: str) -> tuple[float, dict[str, float]]:
                 data = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            numeric = {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numeric = {
+                str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             if numeric and all(0.0 <= v <= 1.0 for v in numeric.values()):
                 subscores = numeric
                 break
@@ -53,7 +55,9 @@ class ScriptVerifier(BaseVerifier):
 
     `files` (relative path -> content) and/or `files_dir` (a host folder) are copied into the sandbox
     under `<workspace>/<files_dest>` first: that is how ClawGym's `reward/` folder arrives only after
-    the agent has finished, so the agent never sees the checker.
+    the agent has finished, so the agent never sees the checker. Where the sandbox can
+    (`end_agent_processes`, the local backend), every process the agent left is killed and a fresh init
+    started before the files are copied in, so no leftover can swap, rewrite or answer for the checker.
     """
 
     def __init__(
@@ -96,6 +100,9 @@ class ScriptVerifier(BaseVerifier):
         sandbox = ctx.sandbox
         if sandbox is None:
             raise VerifierConfigError("ScriptVerifier needs the task's sandbox (ctx.sandbox is None)")
+        end_agent = getattr(sandbox, "end_agent_processes", None)
+        if end_agent is not None:  # nothing the agent left running may touch the checker or answer for it
+            await end_agent()
         workspace = sandbox.workspace_path
         dest_root = posixpath.join(workspace, self.files_dest) if self.files_dest else workspace
         for rel, data in self._files_to_copy().items():

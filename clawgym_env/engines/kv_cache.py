@@ -98,7 +98,11 @@ class PrefixCache:
             return
         new = torch.tensor(tokens, dtype=torch.long)
         with self._lock:
-            for key in [k for k, (t, _) in self._entries.items() if t.numel() <= new.numel() and common_prefix_len(t, new) == t.numel()]:
+            for key in [
+                k
+                for k, (t, _) in self._entries.items()
+                if t.numel() <= new.numel() and common_prefix_len(t, new) == t.numel()
+            ]:
                 del self._entries[key]  # the longer sequence serves every lookup the shorter one did
             self._entries[self._next_key] = (new, kv)
             self._next_key += 1

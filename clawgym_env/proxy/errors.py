@@ -22,6 +22,9 @@ ErrorKind = Literal[
     "context_length",  # the prompt does not fit the policy's context
     "engine_timeout",
     "engine_error",
+    "request_too_large",  # body over ProxyGuards.max_body_bytes
+    "too_deep",  # JSON nested past ProxyGuards.max_json_depth
+    "too_many_in_flight",  # the rollout already has ProxyGuards.max_calls_in_flight_per_rollout calls running
 ]
 
 STATUS: dict[str, int] = {
@@ -34,12 +37,17 @@ STATUS: dict[str, int] = {
     "context_length": 400,
     "engine_timeout": 400,
     "engine_error": 400,
+    "request_too_large": 413,
+    "too_deep": 400,
+    "too_many_in_flight": 429,  # retrying later does help here
 }
 
 _ANTHROPIC_TYPE = {
     "authentication": "authentication_error",
     "not_found": "not_found_error",
     "gone": "not_found_error",
+    "request_too_large": "request_too_large",
+    "too_many_in_flight": "rate_limit_error",
 }
 _OPENAI_CODE = {
     "authentication": "invalid_api_key",
@@ -50,6 +58,9 @@ _OPENAI_CODE = {
     "context_length": "context_length_exceeded",
     "engine_timeout": "engine_timeout",
     "engine_error": "engine_error",
+    "request_too_large": "request_too_large",
+    "too_deep": "json_too_deep",
+    "too_many_in_flight": "rate_limit_exceeded",
 }
 
 
@@ -72,8 +83,13 @@ class ProxyError(Exception):
 
 def error_body(style: ApiStyle, kind: ErrorKind, message: str, param: str | None = None) -> dict[str, Any]:
     if style == ApiStyle.ANTHROPIC_MESSAGES:
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPE.get(kind, "invalid_request_error"), "message": message}}
-    error_type = "authentication_error" if kind == "authentication" else "invalid_request_error"
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPE.get(kind, "invalid_request_error"), "message": message},
+        }
+    error_type = {"authentication": "authentication_error", "too_many_in_flight": "rate_limit_error"}.get(
+        kind, "invalid_request_error"
+    )
     return {"error": {"message": message, "type": error_type, "param": param, "code": _OPENAI_CODE.get(kind, kind)}}
 
 

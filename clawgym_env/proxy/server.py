@@ -4,12 +4,15 @@ A FastAPI app served by uvicorn inside the caller's asyncio loop, on a Unix sock
 backend binds it into each sandbox behind a loopback relay) and/or on 127.0.0.1:<port>. Each rollout
 gets a private route `/rollouts/<id>` and a secret key. A call goes:
 
-    authorize -> parse (400 naming the bad field) -> caps -> render (splicing earlier generations)
-    -> context check -> engine (timeout, client disconnect) -> parse the generation -> record -> respond
+    authorize -> read the body (size limit) -> parse (depth limit; 400 naming the bad field) -> caps
+    -> render (splicing earlier generations) -> context check -> engine (timeout, client disconnect)
+    -> parse the generation -> record -> remember it for splicing -> respond -> delivery receipt
 
 The whole generation is made first and then written out (JSON, or SSE in the API's event format); the
 call is appended to the run's CallLog before the response goes out, so a killed proxy loses no completed
-call. Failure responses are chosen on purpose (clawgym_env.proxy.errors, docs/proxy.md).
+call, and a generation that cannot be recorded is neither returned nor spliced. What one rollout may cost
+the others (body size, nesting, connections, time) is bounded by `ProxyGuards` (clawgym_env.proxy.guards).
+Failure responses are chosen on purpose (clawgym_env.proxy.errors, docs/proxy.md).
 """
 
 from __future__ import annotations
@@ -31,16 +34,33 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic.json_schema import models_json_schema
+from starlette.requests import ClientDisconnect
 
 from clawgym_env.interfaces import Generation, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute, SamplingParams
-from clawgym_env.proxy.apis import AnthropicAdapter, ApiAdapter, CallOutput, ChatAdapter, CountTokensAdapter, ResponsesAdapter
+from clawgym_env.proxy.apis import (
+    AnthropicAdapter,
+    ApiAdapter,
+    CallOutput,
+    ChatAdapter,
+    CountTokensAdapter,
+    ResponsesAdapter,
+)
 from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
 from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
 from clawgym_env.proxy.errors import ProxyError, error_body
+from clawgym_env.proxy.guards import (
+    SCOPE_KEY,
+    GuardState,
+    GuardStats,
+    ProxyGuards,
+    json_depth,
+    protocol_for,
+    raise_open_file_limit,
+)
 from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
-from clawgym_env.records import CallLog, CallTimings, ModelCall
+from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
 from clawgym_env.specs import ApiStyle
 
 log = logging.getLogger("clawgym.proxy")
@@ -49,6 +69,7 @@ ANTHROPIC, CHAT, RESPONSES = AnthropicAdapter(), ChatAdapter(), ResponsesAdapter
 COUNT_TOKENS = CountTokensAdapter()
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 MAX_UNIX_SOCKET_PATH = 100
+RECORDED_REFUSALS_PAST_CAP = 8  # past max_calls, later refusals are counted in RolloutStats, not logged
 
 
 class ClientDisconnected(Exception):
@@ -79,12 +100,13 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 class ServingProxy:
-    """Implements `interfaces.ServingProxy`.
+    """The serving proxy; satisfies `interfaces.RolloutProxy`, the part of it that `env.step` uses.
 
     run_dir: where the run's call log (`calls.jsonl`) goes. unix_socket: "auto" (a fresh private folder),
     a path, or None. port: None (no TCP), 0 (any free port) or a port on `host` (loopback by default).
     keep_closed: how many closed rollouts' `RolloutStats` stay readable (and their routes answer 410); older
     ones are dropped, so a proxy serving millions of rollouts holds nothing per finished rollout beyond this.
+    guards: the limits that keep one rollout from costing the others (`ProxyGuards`; defaults fit harnesses).
     """
 
     def __init__(
@@ -98,6 +120,7 @@ class ServingProxy:
         engine_timeout_s: float = 600.0,
         fsync: bool = False,
         keep_closed: int = 1024,
+        guards: ProxyGuards | None = None,
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("ServingProxy needs somewhere to listen: a unix_socket path (or 'auto') and/or a port")
@@ -112,6 +135,10 @@ class ServingProxy:
         self._rollouts: dict[str, RolloutState] = {}
         self.keep_closed = keep_closed
         self._closed: OrderedDict[str, RolloutStats] = OrderedDict()  # the latest `keep_closed` closed rollouts
+        self._closed_keys: dict[str, bytes] = {}  # their keys, so only a closed rollout's own key learns "closed"
+        self._in_flight: dict[str, int] = {}  # generation requests being handled, per open rollout
+        self.guards = guards or ProxyGuards()
+        self._guard_state = GuardState(self.guards)
         self.closed_count = 0  # every rollout ever closed on this proxy (a counter, not a table)
         self._log: CallLog | None = None
         self._server: _EmbeddedServer | None = None
@@ -166,13 +193,24 @@ class ServingProxy:
             sock.setblocking(False)
         return sockets
 
+    def guard_stats(self) -> GuardStats:
+        """What the connection-level guards did so far (timeouts, refused connections, record failures)."""
+        return self._guard_state.stats.model_copy()
+
     async def start(self) -> None:
         if self._serve_task is not None:
             return
+        self._guard_state.stats.open_file_limit = raise_open_file_limit()
         self._open_log()
         sockets = self._bind_sockets()
         config = uvicorn.Config(
-            self.app, lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=2, http="auto"
+            self.app,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+            http=protocol_for(self._guard_state),
+            timeout_keep_alive=self.guards.idle_timeout_s,  # type: ignore[arg-type]
         )
         self._server = _EmbeddedServer(config)
         self._serve_task = asyncio.create_task(self._server.serve(sockets=sockets), name="clawgym-proxy")
@@ -214,13 +252,15 @@ class ServingProxy:
     def open_rollout(self, rollout_id: str, policy: Policy, limits: RolloutLimits | None = None) -> RolloutRoute:
         if not ROLLOUT_ID_RE.match(rollout_id):
             raise ValueError(f"rollout id {rollout_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
-        if rollout_id in self._rollouts or rollout_id in self._closed:
+        if rollout_id in self._rollouts or rollout_id in self._closed_keys:
             raise ValueError(f"rollout {rollout_id!r} was already opened on this proxy; rollout ids must be unique")
         if policy.renderer is None:
             raise ValueError("policy.renderer is None: pass a renderer, e.g. ChatMLRenderer(load_qwen_tokenizer())")
         check_renderer_fits_engine(policy.renderer, policy.engine)
         route = RolloutRoute(
-            rollout_id=rollout_id, path_prefix=f"/rollouts/{rollout_id}", api_key="sk-clawgym-" + secrets.token_urlsafe(24)
+            rollout_id=rollout_id,
+            path_prefix=f"/rollouts/{rollout_id}",
+            api_key="sk-clawgym-" + secrets.token_urlsafe(24),
         )
         self._rollouts[rollout_id] = RolloutState(
             route=route, policy=policy, limits=limits or RolloutLimits(), stats=RolloutStats(rollout_id=rollout_id)
@@ -237,8 +277,11 @@ class ServingProxy:
         state.stats.closed = True
         self.closed_count += 1
         self._closed[rollout_id] = state.stats
+        self._closed_keys[rollout_id] = state.route.api_key.encode()
+        self._in_flight.pop(rollout_id, None)
         while len(self._closed) > self.keep_closed:
-            self._closed.popitem(last=False)
+            forgotten, _ = self._closed.popitem(last=False)
+            self._closed_keys.pop(forgotten, None)
         return sorted(state.calls, key=lambda c: c.call_index)
 
     def stats(self, rollout_id: str) -> RolloutStats:
@@ -268,7 +311,7 @@ class ServingProxy:
         as a harness's HTTP call, so `close_rollout` and reconstruction treat both alike.
         """
         state = self._open_state(rollout_id)
-        call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id})
+        call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id, "delivered": True})
         call.prefix = state.check_prefix(call)
         if call.generated_ids and call.error is None:
             state.completed(call)
@@ -289,26 +332,76 @@ class ServingProxy:
         return sorted(self._rollouts[rollout_id].calls, key=lambda c: c.call_index)
 
     def _authorize(self, request: Request, rollout_id: str, style: ApiStyle) -> RolloutState:
-        state = self._rollouts.get(rollout_id)
-        if state is None:
-            if rollout_id in self._closed:
-                raise ProxyError("gone", f"rollout {rollout_id!r} is closed")
-            raise ProxyError("not_found", f"no rollout {rollout_id!r} on this proxy")
+        """The open rollout whose key was sent. Without that key every route answers the same 401, so a
+        caller cannot tell open, closed and unknown rollouts apart; a closed rollout's own key gets 410."""
         key = request.headers.get("x-api-key")
         if key is None:
             auth = request.headers.get("authorization", "")
             key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
-        if key is None or not secrets.compare_digest(key.encode(), state.route.api_key.encode()):
-            raise ProxyError(
-                "authentication",
-                f"invalid API key for rollout {rollout_id!r}: send the rollout's key as x-api-key or Authorization: Bearer",
-            )
-        return state
+        sent = (key or "").encode()
+        state = self._rollouts.get(rollout_id)
+        if state is not None and key is not None and secrets.compare_digest(sent, state.route.api_key.encode()):
+            return state
+        closed_key = self._closed_keys.get(rollout_id)
+        if state is None and closed_key is not None and key is not None and secrets.compare_digest(sent, closed_key):
+            raise ProxyError("gone", f"rollout {rollout_id!r} is closed")
+        raise ProxyError(
+            "authentication",
+            f"invalid API key for rollout {rollout_id!r}, or no such open rollout on this proxy: send the rollout's "
+            "key as x-api-key or Authorization: Bearer, on the route it was issued for",
+        )
 
     # ----------------------------------------------------------------------------------- calls
     def _record(self, state: RolloutState, call: ModelCall) -> None:
-        self._open_log().append(call)
+        """Append the call to the log (and the rollout's list); raises OSError if the log cannot take it.
+
+        A request the log's writer cannot serialize (nested past its limit) is recorded without it.
+        """
+        log_ = self._open_log()
+        try:
+            log_.append(call)
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+            call.request = {"_omitted": f"not serializable: {exc}"}
+            log_.append(call)
         state.calls.append(call)
+
+    def _receipt(self, call: ModelCall, delivered: bool) -> None:
+        call.delivered = delivered
+        if self._log is None:
+            return  # the proxy stopped; the record keeps delivered=False
+        try:
+            self._log.append_receipt(
+                DeliveryReceipt(rollout_id=call.rollout_id, call_index=call.call_index, delivered=delivered)
+            )
+        except (OSError, ValueError) as exc:
+            log.warning("could not write the delivery receipt of %s#%d: %s", call.rollout_id, call.call_index, exc)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The request body, refused (413) past `max_body_bytes` without keeping more than that in memory."""
+        limit = self.guards.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(int(declared), limit, partial=False)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(size, limit, partial=True)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _parse_json(self, raw: bytes) -> Any:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if "depth" in str(exc):
+                raise _too_deep(self.guards.max_json_depth) from None
+            raise ProxyError("invalid_request", f"invalid request: the body is not valid JSON ({exc})") from None
+        limit = self.guards.max_json_depth
+        if (raw.count(b"{") + raw.count(b"[") > limit) and json_depth(body, limit) > limit:
+            raise _too_deep(limit)
+        return body
 
     async def _run_engine(
         self, request: Request, policy: Policy, prompt_ids: list[int], sampling: SamplingParams, request_id: str
@@ -320,7 +413,11 @@ class ServingProxy:
         """
         engine = policy.engine
         can_abort = callable(getattr(engine, "abort", None))
-        coro = engine.generate(prompt_ids, sampling, request_id=request_id) if can_abort else engine.generate(prompt_ids, sampling)
+        coro = (
+            engine.generate(prompt_ids, sampling, request_id=request_id)
+            if can_abort
+            else engine.generate(prompt_ids, sampling)
+        )
         generation = asyncio.ensure_future(coro)
         watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
         try:
@@ -345,7 +442,9 @@ class ServingProxy:
         partial = await self._stop_generation(engine, generation, request_id, can_abort)
         if watcher in done:
             raise ClientDisconnected(partial)
-        err = ProxyError("engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s")
+        err = ProxyError(
+            "engine_timeout", f"clawgym: the inference engine did not answer within {self.engine_timeout_s:g} s"
+        )
         err.generation = partial  # type: ignore[attr-defined]
         raise err
 
@@ -367,15 +466,52 @@ class ServingProxy:
             state = self._authorize(request, rollout_id, adapter.style)
         except ProxyError as err:
             return _json(err.body(adapter.style), err.status)
-        raw = await request.body()
+        in_flight = self._in_flight.get(rollout_id, 0)
+        self._in_flight[rollout_id] = in_flight + 1
+        try:
+            return await self._guarded_call(request, state, adapter, received_at, t0, in_flight)
+        finally:
+            left = self._in_flight.get(rollout_id, 1) - 1
+            if left > 0:
+                self._in_flight[rollout_id] = left
+            else:
+                self._in_flight.pop(rollout_id, None)
+
+    async def _guarded_call(
+        self, request: Request, state: RolloutState, adapter: ApiAdapter, received_at: float, t0: float, in_flight: int
+    ) -> Response:
+        rollout_id, limits, stats = state.route.rollout_id, state.limits, state.stats
+        past_cap = state.next_index >= limits.max_calls
+        if past_cap and state.next_index >= limits.max_calls + RECORDED_REFUSALS_PAST_CAP:
+            stats.calls += 1  # counted, not logged: a harness looping past its cap cannot grow the log
+            stats.count_error("call_cap")
+            return _json(_call_cap(rollout_id, limits.max_calls).body(adapter.style), 400)
         index = state.take_index()
         call = ModelCall(rollout_id=rollout_id, call_index=index, api_style=adapter.style, request={}, prompt_ids=[])
         call.timings.received_at = received_at
         try:
+            # A refusal may come before the body is read: uvicorn then reads the rest of it and drops it (the
+            # client gets the answer once it has sent its body), so nothing of it is kept.
+            if past_cap:
+                call.request = {"_omitted": "call_cap"}
+                raise _call_cap(rollout_id, limits.max_calls)
+            if in_flight >= self.guards.max_calls_in_flight_per_rollout:
+                call.request = {"_omitted": "too_many_in_flight"}
+                raise ProxyError(
+                    "too_many_in_flight",
+                    f"clawgym: rollout {rollout_id} already has {in_flight} calls in flight (the limit is "
+                    f"{self.guards.max_calls_in_flight_per_rollout}); wait for one to finish",
+                )
             try:
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise ProxyError("invalid_request", f"invalid request: the body is not valid JSON ({exc})") from None
+                raw = await self._read_body(request)
+            except BodyTooLarge as big:
+                call.request = {"_omitted": "request_too_large", "_bytes": big.size}
+                raise ProxyError(
+                    "request_too_large",
+                    f"request too large: the body is {'at least ' if big.partial else ''}{big.size} bytes; this proxy "
+                    f"accepts at most {big.limit} bytes per request (ProxyGuards.max_body_bytes)",
+                ) from None
+            body = self._parse_json(raw)
             call.request = body if isinstance(body, dict) else {"_body": body}
             parsed_request = adapter.parse_request(body)
             call.streamed = adapter.wants_stream(parsed_request)
@@ -383,44 +519,70 @@ class ServingProxy:
         except ProxyError as err:
             call.error = f"{err.kind}: {err.message}"
             _attach_partial(call, getattr(err, "generation", None))
-            state.stats.count_error(err.kind)
-            self._finish_record(state, call, t0)
-            return _json(err.body(adapter.style), err.status)
-        except ClientDisconnected as gone:
+            stats.count_error(err.kind)
+            return self._answer_failure(state, call, t0, _json(err.body(adapter.style), err.status))
+        except (ClientDisconnected, ClientDisconnect) as gone:
             call.error = "client_disconnected: the harness closed the connection before the generation finished"
-            _attach_partial(call, gone.generation)
-            state.stats.disconnects += 1
-            state.stats.count_error("client_disconnected")
-            self._finish_record(state, call, t0)
-            return Response(status_code=499)
+            _attach_partial(call, getattr(gone, "generation", None))
+            call.delivered = False
+            stats.disconnects += 1
+            stats.count_error("client_disconnected")
+            return self._answer_failure(state, call, t0, Response(status_code=499))
+        except RecordFailed as failed:
+            log.error("could not record %s#%d: %s", rollout_id, index, failed)
+            self._guard_state.stats.record_failures += 1
+            stats.count_error("record_failed")
+            message = f"clawgym proxy could not record this call ({failed}); its generation is not returned"
+            return _json(error_body(adapter.style, "engine_error", message), 500)
         except Exception as exc:
             log.exception("proxy failure in %s#%d", rollout_id, index)
             call.error = f"internal: {type(exc).__name__}: {exc}"
-            state.stats.count_error("internal")
+            stats.count_error("internal")
+            return self._answer_failure(
+                state,
+                call,
+                t0,
+                _json(error_body(adapter.style, "engine_error", f"clawgym proxy internal error: {exc}"), 500),
+            )
+
+    def _answer_failure(self, state: RolloutState, call: ModelCall, t0: float, response: Response) -> Response:
+        """Record a failed call and return its answer; if even that record fails, say so (500) and count it."""
+        try:
             self._finish_record(state, call, t0)
-            return _json(error_body(adapter.style, "engine_error", f"clawgym proxy internal error: {exc}"), 500)
+        except OSError as exc:
+            log.error("could not record the failed call %s#%d: %s", call.rollout_id, call.call_index, exc)
+            self._guard_state.stats.record_failures += 1
+            state.stats.count_error("record_failed")
+            return _json(
+                error_body(call.api_style, "engine_error", f"clawgym proxy could not record this call ({exc})"), 500
+            )
+        return response
 
     def _finish_record(self, state: RolloutState, call: ModelCall, t0: float) -> None:
         call.timings.total_s = time.perf_counter() - t0
         self._record(state, call)
 
     async def _generate(
-        self, request: Request, state: RolloutState, adapter: ApiAdapter, parsed_request: Any, call: ModelCall, t0: float
+        self,
+        request: Request,
+        state: RolloutState,
+        adapter: ApiAdapter,
+        parsed_request: Any,
+        call: ModelCall,
+        t0: float,
     ) -> Response:
         limits, policy, stats = state.limits, state.policy, state.stats
         renderer = policy.renderer
-        if call.call_index >= limits.max_calls:
-            raise ProxyError(
-                "call_cap",
-                f"clawgym: rollout {state.route.rollout_id} reached its cap of {limits.max_calls} model calls; "
-                "no more calls are answered for this rollout",
-            )
         if stats.new_tokens >= limits.max_tokens:
-            raise ProxyError("token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget")
+            raise ProxyError(
+                "token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget"
+            )
         conversation = adapter.to_conversation(parsed_request)
         rendered = renderer.render(conversation, splice=state.memory.find)
         prompt_ids = rendered.prompt_ids
         call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events
+        call.control_token_texts = rendered.control_token_texts
+        stats.control_token_texts += rendered.control_token_texts
         stats.drift_events += rendered.drift_events
         stats.spliced_turns += rendered.spliced_turns
         call.rewritten_turns, call.prefix = rendered.rewritten_turns, state.check_prefix(call)
@@ -458,11 +620,7 @@ class ServingProxy:
         call.generated_ids, call.logprobs = gen_ids, generation.logprobs
         call.finish_reason, call.policy_version = generation.finish_reason, generation.policy_version
         parsed = renderer.parse(gen_ids, conversation.tool_names)
-        state.memory.remember(
-            call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns
-        )
         state.last_full_ids = prompt_ids + gen_ids
-        state.completed(call)
         stats.completed_calls += 1
         stats.prompt_tokens += len(prompt_ids)
         stats.generated_tokens += len(gen_ids)
@@ -483,20 +641,40 @@ class ServingProxy:
         )
         headers = {"x-request-id": output.response_id}
         if call.streamed:
-            events = adapter.stream(output, parsed_request)
+            payload = b"".join(adapter.stream(output, parsed_request))
+            response: Response = StreamingResponse(
+                _one_chunk(payload), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+            )
+        else:
+            response = _json(adapter.response(output, parsed_request), headers=headers)
+        # record first (a killed proxy loses no answered call), then let later calls splice it, then answer.
+        # The log line says "not delivered" until a receipt says otherwise; in memory it is None until then.
+        call.delivered = False
+        try:
             self._finish_record(state, call, t0)
-            return StreamingResponse(_one_chunk(b"".join(events)), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-        body = adapter.response(output, parsed_request)
-        self._finish_record(state, call, t0)
-        return _json(body, headers=headers)
+        except OSError as exc:
+            raise RecordFailed(str(exc)) from exc
+        call.delivered = None
+        state.memory.remember(
+            call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns
+        )
+        state.completed(call)  # only a recorded generation is what later prompts are compared with
+        connection = request.scope.get("extensions", {}).get(SCOPE_KEY)
+        if connection is not None:
+            connection.when_delivered(
+                lambda delivered: self._receipt(call, delivered)
+            )  # holds the call, not the rollout
+        return response
 
     async def _count_tokens(self, request: Request, rollout_id: str) -> Response:
         try:
             state = self._authorize(request, rollout_id, ApiStyle.ANTHROPIC_MESSAGES)
             try:
-                body = orjson.loads(await request.body())
-            except orjson.JSONDecodeError as exc:
-                raise ProxyError("invalid_request", f"invalid request: the body is not valid JSON ({exc})") from None
+                raw = await self._read_body(request)
+            except BodyTooLarge as big:
+                message = f"request too large: this proxy accepts at most {big.limit} bytes per request"
+                return _json(error_body(ApiStyle.ANTHROPIC_MESSAGES, "request_too_large", message), 413)
+            body = self._parse_json(raw)
             parsed = COUNT_TOKENS.parse_request(body)
             count = state.policy.renderer.count_tokens(COUNT_TOKENS.to_conversation(parsed))
         except ProxyError as err:
@@ -533,21 +711,43 @@ class ServingProxy:
             content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model_name}"}}}
             return {"requestBody": {"required": True, "content": content}}
 
-        errors = {code: {"description": text} for code, text in ((400, "bad request"), (401, "wrong key"), (404, "unknown rollout"), (410, "closed rollout"))}
+        errors = {
+            code: {"description": text}
+            for code, text in (
+                (400, "bad request"),
+                (401, "wrong key"),
+                (404, "unknown rollout"),
+                (410, "closed rollout"),
+            )
+        }
 
-        @app.post(prefix + "/v1/messages", openapi_extra=body_of("MessagesRequest"), responses=errors, tags=["anthropic"])
+        @app.post(
+            prefix + "/v1/messages", openapi_extra=body_of("MessagesRequest"), responses=errors, tags=["anthropic"]
+        )
         async def messages(request: Request, rollout_id: str) -> Response:
             return await self._generation_call(request, rollout_id, ANTHROPIC)
 
-        @app.post(prefix + "/v1/messages/count_tokens", openapi_extra=body_of("CountTokensRequest"), responses=errors, tags=["anthropic"])
+        @app.post(
+            prefix + "/v1/messages/count_tokens",
+            openapi_extra=body_of("CountTokensRequest"),
+            responses=errors,
+            tags=["anthropic"],
+        )
         async def count_tokens(request: Request, rollout_id: str) -> Response:
             return await self._count_tokens(request, rollout_id)
 
-        @app.post(prefix + "/v1/chat/completions", openapi_extra=body_of("ChatCompletionRequest"), responses=errors, tags=["openai"])
+        @app.post(
+            prefix + "/v1/chat/completions",
+            openapi_extra=body_of("ChatCompletionRequest"),
+            responses=errors,
+            tags=["openai"],
+        )
         async def chat_completions(request: Request, rollout_id: str) -> Response:
             return await self._generation_call(request, rollout_id, CHAT)
 
-        @app.post(prefix + "/v1/responses", openapi_extra=body_of("ResponsesRequest"), responses=errors, tags=["openai"])
+        @app.post(
+            prefix + "/v1/responses", openapi_extra=body_of("ResponsesRequest"), responses=errors, tags=["openai"]
+        )
         async def responses(request: Request, rollout_id: str) -> Response:
             return await self._generation_call(request, rollout_id, RESPONSES)
 
@@ -561,19 +761,23 @@ class ServingProxy:
 
         @app.head(prefix)
         async def head_rollout(rollout_id: str) -> Response:
-            return Response(status_code=200 if rollout_id in self._rollouts else 404)
+            return Response(status_code=200)  # Claude Code's preconnect; says nothing about the rollout
 
         @app.get("/health")
         async def health() -> Response:
-            return _json({"status": "ok", "open_rollouts": len(self._rollouts), "closed_rollouts": self.closed_count})
+            return _json({"status": "ok"})  # counts are for the host (`table_sizes()`), not for sandboxes
 
         def openapi() -> dict[str, Any]:
             if app.openapi_schema is None:
                 from fastapi.openapi.utils import get_openapi
 
-                schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+                schema = get_openapi(
+                    title=app.title, version=app.version, description=app.description, routes=app.routes
+                )
                 models = [MessagesRequest, CountTokensRequest, ChatCompletionRequest, ResponsesRequest]
-                _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+                _, defs = models_json_schema(
+                    [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+                )
                 schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
                 app.openapi_schema = schema
             return app.openapi_schema
@@ -591,3 +795,28 @@ def _attach_partial(call: ModelCall, generation: Generation | None) -> None:
 
 async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, size: int, limit: int, partial: bool) -> None:
+        super().__init__(f"{size} bytes > {limit}")
+        self.size, self.limit = size, limit
+        self.partial = partial  # read only until past the limit: the size is a lower bound
+
+
+class RecordFailed(Exception):
+    """The call log could not take a generated call: it is not returned, not spliced, and counted."""
+
+
+def _call_cap(rollout_id: str, max_calls: int) -> ProxyError:
+    return ProxyError(
+        "call_cap",
+        f"clawgym: rollout {rollout_id} reached its cap of {max_calls} model calls; no more calls are answered for this rollout",
+    )
+
+
+def _too_deep(limit: int) -> ProxyError:
+    return ProxyError(
+        "too_deep",
+        f"invalid request: the JSON body is nested more than {limit} levels deep (ProxyGuards.max_json_depth)",
+    )

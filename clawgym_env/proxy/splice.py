@@ -136,7 +136,10 @@ class GenerationMemory:
         chosen = candidates[-1] if len(candidates) == 1 else _closest(candidates, message, context)
         rewrite = rules.get(id(chosen))
         return SplicedTurn(
-            token_ids=chosen.token_ids, source_call=chosen.call_index, ended_with_stop=chosen.ended_with_stop, rewrite=rewrite
+            token_ids=chosen.token_ids,
+            source_call=chosen.call_index,
+            ended_with_stop=chosen.ended_with_stop,
+            rewrite=rewrite,
         )
 
 

@@ -105,6 +105,14 @@ class SandboxCgroup:
         """How many forks the process-count limit refused so far."""
         return _read_counter(self.pids_dir / "pids.events", "max")
 
+    def members(self) -> list[int]:
+        """The pids still in the sandbox's cgroups (empty once every process of the sandbox is gone)."""
+        pids: set[int] = set()
+        for procs in self.procs_files:
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in procs.read_text().split())
+        return sorted(pids)
+
     def kill_all(self) -> None:
         """SIGKILL every process in the sandbox at once, rather than one after the other as the PID
         namespace unwinds once its first process is gone."""

@@ -71,11 +71,17 @@ class DaytonaSandboxBackend:
             raise ValueError("give either a Daytona snapshot or an image, not both")
         sdk = _import_sdk()
         self._sdk = sdk
-        config = sdk.DaytonaConfig(api_key=api_key, api_url=api_url, target=target) if (api_key or api_url or target) else None
+        config = (
+            sdk.DaytonaConfig(api_key=api_key, api_url=api_url, target=target)
+            if (api_key or api_url or target)
+            else None
+        )
         try:
             self._client = sdk.AsyncDaytona(config)
         except sdk.DaytonaError as exc:
-            raise SandboxUnavailable(f"Daytona is not configured: {exc} (set DAYTONA_API_KEY, see docs/sandbox.md)") from exc
+            raise SandboxUnavailable(
+                f"Daytona is not configured: {exc} (set DAYTONA_API_KEY, see docs/sandbox.md)"
+            ) from exc
         self.snapshot = snapshot
         self.image = image
         self.env = dict(env or {})
@@ -95,8 +101,9 @@ class DaytonaSandboxBackend:
             **network_policy(proxy, self.allow_domains),
         }
         if self.image:
-            resources = sdk.Resources(memory=max(1, math.ceil(limits.memory_mb / 1024)),
-                                      disk=max(1, math.ceil(limits.workspace_mb / 1024)))
+            resources = sdk.Resources(
+                memory=max(1, math.ceil(limits.memory_mb / 1024)), disk=max(1, math.ceil(limits.workspace_mb / 1024))
+            )
             return sdk.CreateSandboxFromImageParams(image=self.image, resources=resources, **common)
         return sdk.CreateSandboxFromSnapshotParams(snapshot=self.snapshot, **common)
 
@@ -113,7 +120,9 @@ class DaytonaSandboxBackend:
                 "(for example an https tunnel to the proxy), see docs/sandbox.md"
             )
         limits = limits or self.limits
-        with tempfile.TemporaryDirectory(prefix="clawgym-seed-") as seed_dir:  # validate + seed before paying for a sandbox
+        with tempfile.TemporaryDirectory(
+            prefix="clawgym-seed-"
+        ) as seed_dir:  # validate + seed before paying for a sandbox
             await asyncio.to_thread(materialize_workspace, task.workspace, Path(seed_dir))
             archive = _tar_folder(Path(seed_dir))
         remote = await self._client.create(self._params(task, proxy, limits), timeout=self.create_timeout_s)
@@ -170,8 +179,14 @@ def _is_ip(host: str) -> bool:
 class DaytonaSandbox:
     """One remote Daytona sandbox (see the module docstring for how exec is wrapped)."""
 
-    def __init__(self, backend: DaytonaSandboxBackend, remote: Any, mount_path: str, limits: SandboxLimits,
-                 proxy_base_url: str | None) -> None:
+    def __init__(
+        self,
+        backend: DaytonaSandboxBackend,
+        remote: Any,
+        mount_path: str,
+        limits: SandboxLimits,
+        proxy_base_url: str | None,
+    ) -> None:
         self.id = remote.id
         self.workspace_path = mount_path
         self.proxy_base_url = proxy_base_url
@@ -187,7 +202,9 @@ class DaytonaSandbox:
         ws = shlex.quote(self.workspace_path)
         result = await self._shell(f"mkdir -p {ws} && tar -xzf {path} -C {ws} && rm -f {path}", timeout_s=120)
         if result.exit_code != 0:
-            raise RuntimeError(f"seeding the workspace of Daytona sandbox {self.id} failed: {result.stderr or result.stdout}")
+            raise RuntimeError(
+                f"seeding the workspace of Daytona sandbox {self.id} failed: {result.stderr or result.stdout}"
+            )
 
     async def exec(
         self,
@@ -208,14 +225,26 @@ class DaytonaSandbox:
         if stdin is not None:
             stdin_path = f"{SCRATCH}/stdin-{uuid.uuid4().hex[:8]}"
             await self._remote.fs.upload_file(stdin, stdin_path)
-        result = await self._shell(shell, cwd=posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
-                                   env=env, timeout_s=budget, stdin_path=stdin_path)
+        result = await self._shell(
+            shell,
+            cwd=posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
+            env=env,
+            timeout_s=budget,
+            stdin_path=stdin_path,
+        )
         if result.killed_reason == "timeout" and (timeout_s is None or timeout_s > wall_left):
             result.killed_reason = "wall_time"
         return result
 
-    async def _shell(self, shell: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None,
-                     timeout_s: float = 600, stdin_path: str = "/dev/null") -> ExecResult:
+    async def _shell(
+        self,
+        shell: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 600,
+        stdin_path: str = "/dev/null",
+    ) -> ExecResult:
         marker = f"__CLAWGYM_{uuid.uuid4().hex}__"
         err = f"{SCRATCH}/stderr-{marker}"
         cleanup = stdin_path if stdin_path != "/dev/null" else ""
@@ -226,7 +255,9 @@ class DaytonaSandbox:
         )
         started = time.monotonic()
         response = await self._remote.process.exec(
-            f"sh -c {shlex.quote(wrapped)}", cwd=cwd, env={**self._backend.env, **dict(env or {})} or None,
+            f"sh -c {shlex.quote(wrapped)}",
+            cwd=cwd,
+            env={**self._backend.env, **dict(env or {})} or None,
             timeout=seconds + 10,
         )
         duration = time.monotonic() - started
@@ -235,8 +266,14 @@ class DaytonaSandbox:
         stderr = base64.b64decode(encoded).decode(errors="replace") if encoded else ""
         code = int(response.exit_code if response.exit_code is not None else -1)
         reason = "timeout" if code == 137 and duration >= seconds - 0.5 else None
-        return ExecResult(exit_code=code, stdout=stdout, stderr=stderr, duration_s=duration,
-                          timed_out=reason is not None, killed_reason=reason)
+        return ExecResult(
+            exit_code=code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=duration,
+            timed_out=reason is not None,
+            killed_reason=reason,
+        )
 
     def _inside(self, path: str) -> str:
         inside = posixpath.normpath(posixpath.join(self.workspace_path, path))
@@ -264,7 +301,9 @@ class DaytonaSandbox:
     async def download_workspace(self, dest: Path) -> Path:
         self._check_alive()
         archive = f"{SCRATCH}/workspace.tar.gz"
-        result = await self._shell(f"mkdir -p {SCRATCH} && tar -czf {archive} -C {shlex.quote(self.workspace_path)} .", timeout_s=300)
+        result = await self._shell(
+            f"mkdir -p {SCRATCH} && tar -czf {archive} -C {shlex.quote(self.workspace_path)} .", timeout_s=300
+        )
         if result.exit_code != 0:
             raise RuntimeError(f"packing the workspace of Daytona sandbox {self.id} failed: {result.stderr}")
         data = await self._remote.fs.download_file(archive)

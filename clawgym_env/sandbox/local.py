@@ -1,156 +1,68 @@
 """The local sandbox backend: one bubblewrap sandbox per rollout.
 
 Each sandbox is one long-lived `bwrap` process whose child, the init (`sandbox_init.c` compiled by
-native_init.py, or `sandbox_init.py` where no C compiler exists), holds the namespaces:
-read-only view of the host (`--ro-bind / /`), private writable workspace bound at the task's mount path,
-private tmpfs /tmp, /root (HOME) and /run, its own PID/net/IPC/UTS/user namespaces (loopback only), no
-capabilities. Commands are started by that init (so they share its namespaces and limits) on request over a
-control socket; their stdin/stdout/stderr are host pipes passed along with the request. When a proxy is
-given, the init relays 127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket, bound in at
-/run/clawgym/proxy.sock; that relay is the only way out.
+native_init.py, or `sandbox_init.py` where no C compiler exists), holds the namespaces: its own PID, net,
+IPC, UTS and user namespaces (loopback only), no capabilities, and a view of the host limited to what a
+harness needs (bwrap_args.py says what is shown). The workspace is a host folder, a tmpfs of the task's
+disk size where the host may mount one (so the kernel enforces the quota), bound at the task's mount path.
+Commands are started by the init on request over a control socket (init_protocol.py); their
+stdin/stdout/stderr are host pipes passed along with the request. When a proxy is given, the init relays
+127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket bound at /run/clawgym/proxy.sock;
+that relay is the only way out.
 
-Host folders: <root>/<sandbox id>/workspace (bound into the sandbox) and <root>/<sandbox id>/sandbox.json
-(owner pid, bwrap pid, cgroups) so that `reap_leftovers(root)` can clean up after a crashed run. The root
-itself, and any `hidden_paths`, are covered by an empty tmpfs inside every sandbox.
+Before verification, `end_agent_processes()` kills everything the agent started (the sandbox's cgroup is
+checked empty) and starts a fresh init with a new control socket over the same workspace, so nothing
+the agent left running can touch the verifier's files or answer for it.
+
+Modules: this one (the backend, its warm pool), bubblewrap_sandbox.py (one sandbox), host_setup.py (start-up
+checks), bwrap_args.py, init_protocol.py, host_files.py, reaper.py, cgroups.py. Host folders: <root>/<sandbox id>/workspace and <root>/<sandbox id>/sandbox.json (owner pid, bwrap pid,
+cgroups) so that `reap_leftovers(root)` (reaper.py) can clean up after a crashed run. Host-side file access
+(host_files.py) never follows a link and never blocks on a FIFO.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
-import atexit
 import contextlib
-import itertools
-import json
-import logging
 import os
-import sys
 import posixpath
-import shlex
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import threading
-import time
 import uuid
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
-from clawgym_env.interfaces import ExecResult, ProxyEndpoint, SandboxLimits, SandboxUnavailable
+from clawgym_env.interfaces import ProxyEndpoint, SandboxLimits
+from clawgym_env.sandbox import bwrap_args
+from clawgym_env.sandbox.bubblewrap_sandbox import _LIVE, LocalSandbox
 from clawgym_env.sandbox.cgroups import SandboxCgroup
-from clawgym_env.sandbox.native_init import build_init
+from clawgym_env.sandbox.host_files import remove_tree
+from clawgym_env.sandbox.host_setup import (
+    SandboxError,
+    _choose_init,
+    check_bubblewrap,
+    default_python,
+    default_root,
+    host_paths_needed_inside,
+)
+from clawgym_env.sandbox.init_protocol import MAX_REQUEST
+from clawgym_env.sandbox.reaper import reap_leftovers
 from clawgym_env.sandbox.workspace import materialize_workspace
 
 if TYPE_CHECKING:
     from clawgym_env.specs import TaskSpec
 
-INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
-INIT_INSIDE = "/run/clawgym/init"  # where the compiled C init is bound read-only
-MAX_REQUEST = 1 << 20  # the inits read requests into a buffer of this size
-PROXY_SOCKET_INSIDE = "/run/clawgym/proxy.sock"
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh tmpfs in every sandbox
-READY_TIMEOUT_S = 20.0
-OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers still holding its stdout
-DISK_CHECK_INTERVAL_S = 1.0
-DISK_HINTS = ("File too large", "File size limit exceeded", "No space left on device")
-MEMORY_HINTS = ("MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc", "heap out of memory")
-log = logging.getLogger(__name__)
-
-
-class SandboxError(RuntimeError):
-    """A sandbox failed to start, or was used after it was destroyed."""
-
-
-def default_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"clawgym-sandboxes-{os.getuid()}"
-
-
-def host_paths_needed_inside() -> list[Path]:
-    """Host folders that commands in a sandbox need: this checkout (MCP servers, verifier helpers), its
-    virtual environment and base interpreter, and the harness/model cache.
-
-    They are visible through the read-only root anyway, unless they sit under a folder that every
-    sandbox gets privately (/tmp, /root, /run): a checkout cloned under /tmp, or pyenv's interpreters
-    under /root. Those are bound back in, read-only, at the same path.
-    """
-    repo = Path(__file__).resolve().parents[2]
-    cache = Path(os.environ.get("CLAWGYM_CACHE") or repo / ".cache")
-    candidates = [repo, cache, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent]
-    needed: list[Path] = []
-    for path in candidates:
-        path = path.absolute()
-        if path.is_dir() and any(_is_under(str(path), p) for p in PRIVATE_DIRS) and path not in needed:
-            needed.append(path)
-    return needed
-
-
-def default_python() -> str:
-    """An interpreter that stays visible inside the sandbox (not under /root or /tmp, which are private)."""
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("python3")
-    if found:
-        return found
-    raise SandboxUnavailable("no python3 outside /root and /tmp for the sandbox init; install one with `apt-get install -y python3`")
-
-
-# ------------------------------------------------------------------------------------------- start-up check
-_PROBED: dict[tuple[str, str], str | None] = {}
-
-
-def check_bubblewrap(bwrap: str = "bwrap", python: str | None = None) -> None:
-    """Raise SandboxUnavailable, saying how to fix it, if bubblewrap sandboxes cannot start here."""
-    python = python or default_python()
-    key = (bwrap, python)
-    if key not in _PROBED:
-        _PROBED[key] = _probe(bwrap, python)
-    if _PROBED[key] is not None:
-        raise SandboxUnavailable(_PROBED[key])
-
-
-def _probe(bwrap: str, python: str) -> str | None:
-    if shutil.which(bwrap) is None:
-        return (
-            f"bubblewrap ({bwrap!r}) is not installed; install it with `apt-get install -y bubblewrap` "
-            "(Debian/Ubuntu) or `dnf install bubblewrap`, or pass backend_options={'bwrap': '/path/to/bwrap'}"
-        )
-    args = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-            "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--die-with-parent",
-            python, "-I", "-S", "-c", "import os; os.posix_spawn"]  # the init spawns commands with it (3.8+)
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bubblewrap could not start a test sandbox: {exc}"
-    if done.returncode == 0:
-        return None
-    return (
-        f"bubblewrap cannot create a sandbox here: {done.stderr.strip() or done.returncode}. It needs user and mount "
-        "namespaces: enable them with `sysctl -w kernel.unprivileged_userns_clone=1` (Debian), "
-        "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+) or "
-        "`sysctl -w user.max_user_namespaces=15000`; inside Docker run the container with "
-        "`--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (or --privileged). "
-        f"Also check that {python} runs and is Python 3.8 or newer (pass backend_options={{'python': ...}} otherwise)."
-    )
-
-
-# ------------------------------------------------------------------------------------- process-exit cleanup
-_LIVE: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
-
-
-@atexit.register
-def _destroy_all_at_exit() -> None:
-    """Kill and remove every sandbox not yet removed, including those whose background removal was cut
-    short when the event loop closed."""
-    for sandbox in list(_LIVE):
-        sandbox.destroy_now()
+__all__ = [
+    "MAX_REQUEST",
+    "LocalSandbox",
+    "LocalSandboxBackend",
+    "SandboxError",
+    "check_bubblewrap",
+    "default_python",
+    "default_root",
+    "host_paths_needed_inside",
+    "reap_leftovers",
+    "remove_tree",
+]
 
 
 # ------------------------------------------------------------------------------------------------ backend
@@ -169,6 +81,7 @@ class LocalSandboxBackend:
     """
 
     name = "local"
+    sandbox_class: type[LocalSandbox]  # set below the class; a benchmark may swap in a variant
 
     def __init__(
         self,
@@ -191,8 +104,11 @@ class LocalSandboxBackend:
         self.root = Path(root or default_root()).absolute()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.hidden_paths = [Path(p).absolute() for p in hidden_paths]
-        self.ro_binds = {str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()}
+        self.ro_binds = {
+            str(Path(k).absolute()): _absolute_inside(v, "ro_binds target") for k, v in (ro_binds or {}).items()
+        }
         self.auto_binds = host_paths_needed_inside()
+        self.hidden_roots = bwrap_args.hidden_roots([self.root, *self.hidden_paths])
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.relay_port = relay_port
         self.env = dict(env or {})
@@ -258,9 +174,10 @@ class LocalSandboxBackend:
         sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
         host_dir = self.root / sandbox_id
         (host_dir / "workspace").mkdir(parents=True)
-        sandbox = LocalSandbox(self, sandbox_id, host_dir, mount_path, limits, proxy)
+        sandbox = self.sandbox_class(self, sandbox_id, host_dir, mount_path, limits, proxy)
         self._sandboxes.add(sandbox)
         _LIVE.add(sandbox)
+        sandbox._prepare_workspace()  # before seeding: the tmpfs would hide what was written under it
         return sandbox
 
     # ------------------------------------------------------------------ warm pool
@@ -284,8 +201,9 @@ class LocalSandboxBackend:
             self._refills[key] = asyncio.get_running_loop().create_task(self._refill(key, mount_path, limits, proxy))
         return warm
 
-    async def _refill(self, key: tuple[str, str, str], mount_path: str, limits: SandboxLimits,
-                      proxy: ProxyEndpoint | None) -> None:  # fmt: skip
+    async def _refill(
+        self, key: tuple[str, str, str], mount_path: str, limits: SandboxLimits, proxy: ProxyEndpoint | None
+    ) -> None:
         ready = self._pool[key]
         while len(ready) < self.pool_size:
             sandbox = self._new_sandbox(mount_path, limits, proxy)
@@ -331,21 +249,6 @@ class LocalSandboxBackend:
         await self.aclose()
 
 
-def _choose_init(init: str) -> Path | None:
-    """The C init binary for "auto"/"c", or None for the Python init."""
-    if init not in ("auto", "c", "python"):
-        raise ValueError(f"init must be 'auto', 'c' or 'python', got {init!r}")
-    if init == "python":
-        return None
-    try:
-        return build_init()
-    except RuntimeError as exc:
-        if init == "c":
-            raise SandboxUnavailable(f"the C sandbox init is not available: {exc}") from None
-        log.warning("using the Python sandbox init (each sandbox start ~15 ms slower): %s", exc)
-        return None
-
-
 def _absolute_inside(path: str, what: str) -> str:
     normal = posixpath.normpath(path)
     if not posixpath.isabs(normal) or normal == "/":
@@ -353,644 +256,4 @@ def _absolute_inside(path: str, what: str) -> str:
     return normal
 
 
-# ------------------------------------------------------------------------------------------------ sandbox
-class LocalSandbox:
-    """One running bubblewrap sandbox. Use `async with` (or call `destroy()`) to release it."""
-
-    def __init__(
-        self,
-        backend: LocalSandboxBackend,
-        sandbox_id: str,
-        host_dir: Path,
-        mount_path: str,
-        limits: SandboxLimits,
-        proxy: ProxyEndpoint | None,
-    ) -> None:
-        self.id = sandbox_id
-        self.workspace_path = mount_path
-        self.proxy_base_url: str | None = f"http://127.0.0.1:{backend.relay_port}" if proxy else None
-        self.host_dir = host_dir
-        self.workspace_dir = host_dir / "workspace"
-        self.limits = limits
-        self._backend = backend
-        self._proxy = proxy
-        self._process: asyncio.subprocess.Process | None = None
-        self._control: socket.socket | None = None
-        self._cgroup: SandboxCgroup | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._ids = itertools.count(1)
-        self._reader: asyncio.Task[None] | None = None
-        self._deadline = time.monotonic() + limits.wall_time_s
-        self._wall_timer: asyncio.TimerHandle | None = None
-        self._destroyed = False
-        self._removal: asyncio.Task[None] | None = None  # reaping + host clean-up after destroy()
-        self._removed = False
-        self._remove_lock = threading.Lock()
-        self._gone_reason: str | None = None
-        self._stderr_path = host_dir / "init.stderr"
-
-    # ------------------------------------------------------------------ start
-    def _bwrap_args(self, init_fd: int) -> list[str]:
-        b = self._backend
-        args = [b.bwrap, "--ro-bind", "/", "/", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-                "--disable-userns", "--cap-drop", "ALL", "--hostname", self.id, "--die-with-parent", "--new-session",
-                "--proc", "/proc", "--dev", "/dev"]
-        tmpfs_size = str(self.limits.workspace_mb * 1024 * 1024)
-        for private in PRIVATE_DIRS:
-            args += ["--size", tmpfs_size, "--tmpfs", private]
-        for path in b.auto_binds:  # needed folders that the private dirs above would hide
-            args += ["--ro-bind", str(path), str(path)]
-        for host_path, inside in b.ro_binds.items():
-            args += ["--ro-bind", host_path, inside]
-        hidden = [b.root, *b.hidden_paths]
-        if self._proxy is not None and self._proxy.unix_socket is not None:
-            hidden.append(Path(self._proxy.unix_socket).absolute().parent)
-        for path in hidden:  # after the binds, so a hidden folder inside a bound one stays hidden
-            if not path.exists() or not self._visible_inside(path):
-                continue  # nothing to hide, or already hidden under a private tmpfs
-            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-        if self._proxy is not None and self._proxy.unix_socket is not None:
-            args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
-        if b.init_binary is not None:
-            args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
-        args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
-        init = [INIT_INSIDE] if b.init_binary is not None else [b.python, "-I", "-S", "-c", INIT_SOURCE]
-        return args + init + [str(init_fd), *self._init_args()]
-
-    def _visible_inside(self, path: Path) -> bool:
-        """Whether a host path would be visible inside without hiding (the root minus the private dirs,
-        plus whatever is bound back in)."""
-        bound = [str(p) for p in self._backend.auto_binds] + list(self._backend.ro_binds)
-        if any(_is_under(str(path), b) or _is_under(b, str(path)) for b in bound):
-            return True
-        return not any(_is_under(str(path), p) for p in PRIVATE_DIRS)
-
-    def _init_args(self) -> list[str]:
-        """The init's arguments after the control fd: rlimits, then the relay's port and socket if any."""
-        mb = 1024 * 1024
-        rlimits = {"core": 0, "fsize": self.limits.workspace_mb * mb, "nproc": self.limits.max_processes}
-        if self._cgroup is None:  # no cgroup: cap each process's writable memory instead
-            rlimits["data"] = self.limits.memory_mb * mb
-        args = [",".join(f"{name}={value}" for name, value in rlimits.items())]
-        if self._proxy is not None:
-            args += [str(self._backend.relay_port), PROXY_SOCKET_INSIDE]
-        return args
-
-    async def _start(self) -> None:
-        if self._backend.use_cgroups:
-            self._cgroup = SandboxCgroup.create(f"clawgym-{self.id}", self.limits.memory_mb, self.limits.max_processes)
-        host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._control = host_end
-        args = self._bwrap_args(init_end.fileno())
-        if self._cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is in it
-            procs = [str(f) for f in self._cgroup.procs_files]
-            if self._backend.init_binary is not None:  # the C init doubles as the launcher: no shell to start
-                args = [str(self._backend.init_binary), "--in-cgroup", *procs, "--", *args]
-            else:
-                joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs)
-                args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *args]
-        with open(self._stderr_path, "wb") as stderr:
-            self._process = await asyncio.create_subprocess_exec(
-                *args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                pass_fds=[init_end.fileno()], start_new_session=True,
-            )
-        init_end.close()
-        self._write_state()
-        host_end.setblocking(False)
-        loop = asyncio.get_running_loop()
-        try:
-            ready = await asyncio.wait_for(loop.sock_recv(host_end, 1 << 16), READY_TIMEOUT_S)
-        except (TimeoutError, OSError) as exc:
-            ready = repr(exc).encode()
-        if not ready.startswith(b"ready "):
-            code = self._process.returncode
-            raise SandboxError(f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}")
-        self._reader = asyncio.create_task(self._read_control())
-        self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
-
-    def _restart_wall_clock(self) -> None:
-        """A warm sandbox's wall-time limit counts from when a task takes it, not from its start."""
-        self._deadline = time.monotonic() + self.limits.wall_time_s
-        if self._wall_timer is not None:
-            self._wall_timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._wall_timer = loop.call_at(loop.time() + self.limits.wall_time_s, self._wall_time_up)
-
-    @property
-    def alive(self) -> bool:
-        return not self._destroyed and self._process is not None and self._process.returncode is None
-
-    def _write_state(self) -> None:
-        me = psutil.Process()
-        state = {
-            "id": self.id,
-            "owner_pid": me.pid,
-            "owner_started": me.create_time(),
-            "bwrap_pid": self._process.pid if self._process else None,
-            "cgroups": [str(d) for d in self._cgroup.dirs] if self._cgroup else [],
-            "created": time.time(),
-        }
-        (self.host_dir / "sandbox.json").write_text(json.dumps(state))
-
-    def _stderr_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return self._stderr_path.read_text(errors="replace").strip()[-2000:]
-        return ""
-
-    async def _read_control(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._control is not None
-        try:
-            while True:
-                data = await loop.sock_recv(self._control, 1 << 16)
-                if not data:
-                    break
-                message = _parse_reply(data)
-                future = self._pending.pop(message.get("id"), None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-        except (OSError, asyncio.CancelledError):
-            pass
-        finally:
-            self._fail_pending(self._gone_reason or "sandbox_exited")
-
-    def _fail_pending(self, reason: str) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_result({"op": "gone", "reason": reason})
-        self._pending.clear()
-
-    def _wall_time_up(self) -> None:
-        self._gone_reason = "wall_time"
-        asyncio.ensure_future(self.destroy())
-
-    # ------------------------------------------------------------------ exec
-    async def exec(
-        self,
-        command: Sequence[str] | str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """Run a command (argv, or a shell string for /bin/sh -c) inside the sandbox and wait for it."""
-        code, out, err, duration, reason = await self._run(command, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin)
-        return ExecResult(
-            exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
-            duration_s=duration, timed_out=reason in ("timeout", "wall_time"), killed_reason=reason,
-        )
-
-    async def _run(
-        self,
-        command: Sequence[str] | str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-        stdin: bytes | None = None,
-    ) -> tuple[int, bytes, bytes, float, str | None]:
-        self._check_alive()
-        if isinstance(command, str):
-            argv = ["/bin/sh", "-c", command]
-        else:
-            argv = [str(part) for part in command]
-            if not argv:
-                raise ValueError("exec needs a non-empty command")
-        request_id = next(self._ids)
-        request = _exec_request(request_id, posixpath.join(self.workspace_path, cwd) if cwd else self.workspace_path,
-                                argv, self._command_env(env))
-        wall_left = self._deadline - time.monotonic()
-        budget = min(timeout_s, wall_left) if timeout_s is not None else wall_left
-        reason_if_late = "timeout" if timeout_s is not None and timeout_s <= wall_left else "wall_time"
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._pending[request_id] = future
-
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
-        in_read, in_write = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
-        out_buf, err_buf = bytearray(), bytearray()
-        readers = [asyncio.create_task(_drain(out_read, out_buf)), asyncio.create_task(_drain(err_read, err_buf))]
-        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
-        forks_before = self._cgroup.fork_refusals() if self._cgroup else 0
-        started = time.monotonic()
-        try:
-            assert self._control is not None
-            self._control.sendmsg(
-                [request],
-                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [in_read, out_write, err_write]))],
-            )
-        except OSError as exc:
-            self._pending.pop(request_id, None)
-            for task in readers:
-                task.cancel()
-            raise SandboxError(f"sandbox {self.id} is not running ({exc})") from exc
-        finally:
-            for fd in (in_read, out_write, err_write):
-                os.close(fd)
-        if in_write is not None:
-            await _feed(in_write, stdin or b"")
-
-        reason: str | None = None
-        watcher = asyncio.create_task(self._watch_disk(request_id))
-        try:
-            message = await asyncio.wait_for(asyncio.shield(future), max(budget, 0.0))
-        except TimeoutError:
-            reason = reason_if_late
-            self._send_kill(request_id)
-            try:
-                message = await asyncio.wait_for(asyncio.shield(future), 10.0)
-            except TimeoutError:
-                message = {"op": "gone", "reason": reason}
-        except asyncio.CancelledError:
-            self._send_kill(request_id)
-            raise
-        finally:
-            disk_full = watcher.done() and not watcher.cancelled() and watcher.result()
-            watcher.cancel()
-        if disk_full:
-            reason = reason or "disk"
-        await _finish_readers(readers, OUTPUT_GRACE_S)
-        duration = time.monotonic() - started
-
-        if message["op"] == "error":
-            err_buf += f"clawgym sandbox: cannot run {argv[0]!r}: {message['error']}\n".encode()
-            return 127, bytes(out_buf), bytes(err_buf), duration, reason
-        if message["op"] == "gone":
-            return 137, bytes(out_buf), bytes(err_buf), duration, reason or message["reason"]
-        code = int(message["code"])
-        if reason is None and code != 0:
-            reason = self._explain_failure(message, err_buf, oom_before, forks_before)
-        return code, bytes(out_buf), bytes(err_buf), duration, reason
-
-    def _explain_failure(self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int) -> str | None:
-        text = stderr[-4000:].decode(errors="replace")
-        if message.get("signal") == signal.SIGXFSZ or message.get("code") == 128 + signal.SIGXFSZ or any(
-            hint in text for hint in DISK_HINTS
-        ):
-            return "disk"
-        if self._cgroup is not None:
-            if self._cgroup.oom_kills() > oom_before:
-                return "memory"
-            if self._cgroup.fork_refusals() > forks_before:
-                return "pids"
-            return None
-        # rlimit mode: the allocation failed inside the process, which usually says so on stderr
-        if any(hint in text for hint in MEMORY_HINTS):
-            return "memory"
-        return None
-
-    async def _watch_disk(self, request_id: int) -> bool:
-        """Kill the command once the workspace outgrows its limit; True if it did."""
-        limit = self.limits.workspace_mb * 1024 * 1024
-        while True:
-            await asyncio.sleep(DISK_CHECK_INTERVAL_S)
-            used = await asyncio.to_thread(_disk_usage, self.workspace_dir)
-            if used > limit:
-                self._send_kill(request_id)
-                return True
-
-    def _send_kill(self, request_id: int) -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            self._control.send(b"kill\0%d" % request_id)  # type: ignore[union-attr]
-
-    def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "TMPDIR": "/tmp",
-                  "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PWD": self.workspace_path}
-        merged.update(self._backend.env)
-        merged.update({str(k): str(v) for k, v in (env or {}).items()})
-        return merged
-
-    def _check_alive(self) -> None:
-        if self._destroyed:
-            raise SandboxError(f"sandbox {self.id} was destroyed ({self._gone_reason or 'destroy() was called'})")
-
-    # ------------------------------------------------------------------ files
-    def _resolve(self, path: str) -> tuple[str, str]:
-        """('workspace', relative path) or ('tmp', absolute path); anything else is refused."""
-        inside = posixpath.normpath(posixpath.join(self.workspace_path, path))
-        if _is_under(inside, self.workspace_path):
-            return "workspace", posixpath.relpath(inside, self.workspace_path)
-        if _is_under(inside, "/tmp"):
-            return "tmp", inside
-        raise PermissionError(
-            f"path {path!r} is outside the sandbox's workspace ({self.workspace_path}) and /tmp; "
-            "only those can be read or written"
-        )
-
-    async def read_file(self, path: str) -> bytes:
-        self._check_alive()
-        where, target = self._resolve(path)
-        if where == "workspace":
-            return _read_beneath(self.workspace_dir, target)
-        code, out, err, _, _ = await self._run(["cat", "--", target], timeout_s=60)
-        if code != 0:
-            raise FileNotFoundError(f"cannot read {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
-        return out
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        self._check_alive()
-        payload = data.encode() if isinstance(data, str) else bytes(data)
-        where, target = self._resolve(path)
-        if where == "workspace":
-            _write_beneath(self.workspace_dir, target, payload)
-            return
-        script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
-        code, _, err, _, _ = await self._run(["/bin/sh", "-c", script, "sh", target], stdin=payload, timeout_s=60)
-        if code != 0:
-            raise OSError(f"cannot write {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
-
-    async def list_files(self, path: str | None = None) -> list[str]:
-        """Files (recursively, not folders) under `path` (default: the workspace), relative to it, sorted."""
-        self._check_alive()
-        where, target = self._resolve(path or self.workspace_path)
-        if where == "workspace":
-            return _list_beneath(self.workspace_dir, target)
-        code, out, err, _, _ = await self._run(["find", target, "-mindepth", "1", "-not", "-type", "d", "-printf", "%P\\n"], timeout_s=60)
-        if code != 0:
-            raise FileNotFoundError(f"cannot list {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
-        return sorted(line for line in out.decode(errors="replace").splitlines() if line)
-
-    async def download_workspace(self, dest: Path) -> Path:
-        """Copy the workspace to `dest` on the host (symlinks copied as links, never followed)."""
-        self._check_alive()
-        dest = Path(dest)
-        await asyncio.to_thread(shutil.copytree, self.workspace_dir, dest, symlinks=True, dirs_exist_ok=True)
-        return dest
-
-    # ------------------------------------------------------------------ lifecycle
-    async def destroy(self) -> None:
-        """Kill everything in the sandbox; safe to call twice.
-
-        Returns once SIGKILL is sent (to bwrap's process group and to every process in the sandbox's
-        cgroup): its control socket is closed and the sandbox refuses further use. Reaping, removing its
-        cgroup and host folder (a few ms: the kernel finishing the kill, folder removal on disk) continue in
-        a background task: `wait_removed()` waits for it, `backend.aclose()` for all of them; cancelled
-        (the event loop closing) it finishes synchronously, and the atexit hook covers the rest.
-        """
-        if self._destroyed:
-            return
-        self._destroyed = True
-        if self._wall_timer is not None:
-            self._wall_timer.cancel()
-        self._fail_pending(self._gone_reason or "destroyed")
-        if self._reader is not None:
-            # stop reading before closing the socket: a reader left registered on the fd number would
-            # steal the messages of the next sandbox that gets the same number
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        self._kill()
-        self._removal = asyncio.get_running_loop().create_task(self._remove())
-
-    async def wait_removed(self) -> None:
-        """Wait until a destroyed sandbox's processes are reaped and its cgroup and host folder are gone."""
-        if self._removal is not None:
-            await asyncio.shield(self._removal)
-
-    async def _remove(self) -> None:
-        try:
-            if self._process is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._process.wait(), 10)
-            await asyncio.to_thread(self._remove_host_state)
-        finally:
-            # also when cancelled (the event loop is closing): finish here rather than leave it for atexit
-            if not self._removed:
-                self._remove_host_state()
-            self._backend._sandboxes.discard(self)
-
-    def destroy_now(self) -> None:
-        """Synchronous destroy for interpreter exit (no event loop); also finishes a pending removal."""
-        if self._removed:
-            return
-        self._destroyed = True
-        self._kill()
-        if self._process is not None:
-            with contextlib.suppress(Exception):
-                os.waitpid(self._process.pid, 0)
-        self._remove_host_state()
-
-    def _kill(self) -> None:
-        if self._control is not None:
-            with contextlib.suppress(OSError):
-                self._control.close()
-        if self._process is not None and self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, signal.SIGKILL)
-        if self._cgroup is not None:
-            self._cgroup.kill_all()
-
-    def _remove_host_state(self) -> None:
-        with self._remove_lock:  # the background thread and an exit-time call may race
-            if self._removed:
-                return
-            if self._cgroup is not None:
-                self._cgroup.remove()
-            remove_tree(self.host_dir)
-            self._removed = True
-            _LIVE.discard(self)
-
-    async def __aenter__(self) -> LocalSandbox:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await asyncio.shield(self.destroy())
-
-    def __repr__(self) -> str:
-        return f"LocalSandbox({self.id}, workspace={self.workspace_path}, destroyed={self._destroyed})"
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-def _exec_request(request_id: int, cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> bytes:
-    """'exec\\0<id>\\0<cwd>\\0<argc>\\0<argv...>\\0<NAME=value...>', the inits' request format."""
-    fields = [b"exec", str(request_id).encode(), os.fsencode(cwd), str(len(argv)).encode(), *map(os.fsencode, argv)]
-    for name, value in env.items():
-        if "=" in name or not name:
-            raise ValueError(f"invalid environment variable name {name!r}")
-        fields.append(os.fsencode(f"{name}={value}"))
-    if any(b"\0" in field for field in fields):
-        raise ValueError("the command, its folder and its environment must not contain NUL characters")
-    request = b"\0".join(fields)
-    if len(request) >= MAX_REQUEST:
-        raise ValueError(f"command and environment too large ({len(request)} bytes, at most {MAX_REQUEST - 1})")
-    return request
-
-
-def _parse_reply(data: bytes) -> dict[str, Any]:
-    """The init's one-line replies: 'exit <id> <code> <signal>' or 'error <id> <message>'."""
-    words = data.decode(errors="replace").split(" ", 2)
-    try:
-        if words[0] == "exit":
-            code, _, sig = words[2].partition(" ")
-            return {"op": "exit", "id": int(words[1]), "code": int(code), "signal": int(sig or 0) or None}
-        if words[0] == "error":
-            return {"op": "error", "id": int(words[1]), "error": words[2] if len(words) > 2 else ""}
-    except (IndexError, ValueError):
-        pass
-    return {"op": "unknown"}
-
-
-def _is_under(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-async def _drain(fd: int, buffer: bytearray) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
-    try:
-        while chunk := await reader.read(1 << 16):
-            buffer += chunk
-    finally:
-        transport.close()
-
-
-async def _feed(fd: int, data: bytes) -> None:
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd, "wb", 0))
-    transport.write(data)
-    transport.close()  # flushes in the background, then closes: the command sees EOF
-
-
-async def _finish_readers(readers: list[asyncio.Task[None]], grace_s: float) -> None:
-    _, pending = await asyncio.wait(readers, timeout=grace_s)
-    for task in pending:  # a background process still holds the pipe: keep what came so far
-        task.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-
-
-def _disk_usage(root: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + dirnames:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
-def _open_dir_beneath(root: Path, parts: Sequence[str], create: bool) -> int:
-    """An fd of root/parts, refusing any symlink on the way (a link could point at a host path)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            try:
-                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                raise PermissionError(f"{'/'.join(parts)}: {part!r} is a symlink or not a folder ({exc.strerror})") from None
-            os.close(fd)
-            fd = next_fd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _split(rel: str) -> list[str]:
-    return [p for p in rel.split("/") if p not in ("", ".")]
-
-
-def _read_beneath(root: Path, rel: str) -> bytes:
-    parts = _split(rel)
-    if not parts:
-        raise IsADirectoryError(f"{rel!r} is the workspace folder, not a file")
-    dir_fd = _open_dir_beneath(root, parts[:-1], create=False)
-    try:
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read {rel!r} in the workspace: {exc.strerror} (symlinks are not followed)") from None
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-def _write_beneath(root: Path, rel: str, data: bytes) -> None:
-    parts = _split(rel)
-    if not parts:
-        raise IsADirectoryError(f"{rel!r} is the workspace folder, not a file")
-    dir_fd = _open_dir_beneath(root, parts[:-1], create=True)
-    try:
-        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-    except OSError as exc:
-        raise PermissionError(f"cannot write {rel!r} in the workspace: {exc.strerror} (symlinks are not followed)") from None
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-
-
-def _list_beneath(root: Path, rel: str) -> list[str]:
-    dir_fd = _open_dir_beneath(root, _split(rel), create=False)
-    found: list[str] = []
-    try:
-        for top, dirs, files, top_fd in os.fwalk(dir_fd=dir_fd):
-            for name in files:
-                found.append(posixpath.normpath(posixpath.join(top, name)))
-            found.extend(posixpath.normpath(posixpath.join(top, d)) for d in dirs if os.path.islink(os.path.join(f"/proc/self/fd/{top_fd}", d)))
-    finally:
-        os.close(dir_fd)
-    return sorted(found)
-
-
-def remove_tree(path: Path) -> None:
-    """rm -rf that also copes with folders a sandboxed command made read-only."""
-
-    def fix_and_retry(func: Any, target: str, _exc: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-        with contextlib.suppress(OSError):
-            func(target)
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=fix_and_retry)
-
-
-# ------------------------------------------------------------------------------------------------- reaper
-def reap_leftovers(root: Path | str | None = None, *, min_age_s: float = 60.0) -> list[str]:
-    """Clean up sandboxes of crashed runs under `root`: kill their processes, remove cgroups and folders.
-
-    A sandbox is a leftover when the process that made it is gone (its pid is dead, or reused by a process
-    started later). Folders without a state file are removed once older than `min_age_s` (a crash during
-    create). Returns the ids removed.
-    """
-    root = Path(root or default_root())
-    if not root.is_dir():
-        return []
-    reaped: list[str] = []
-    for entry in sorted(root.iterdir()):
-        if not entry.is_dir() or not entry.name.startswith("sbx-"):
-            continue
-        state_file = entry / "sandbox.json"
-        try:
-            state = json.loads(state_file.read_text())
-        except (OSError, ValueError):
-            if time.time() - entry.stat().st_mtime > min_age_s:
-                remove_tree(entry)
-                reaped.append(entry.name)
-            continue
-        if _owner_alive(state):
-            continue
-        bwrap_pid = state.get("bwrap_pid")
-        if bwrap_pid:
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(bwrap_pid)
-                if state["id"] in " ".join(proc.cmdline()):
-                    os.killpg(bwrap_pid, signal.SIGKILL)
-        for d in state.get("cgroups", []):
-            SandboxCgroup(Path(d), Path(d), 1).remove()
-        remove_tree(entry)
-        reaped.append(entry.name)
-    return reaped
-
-
-def _owner_alive(state: Mapping[str, Any]) -> bool:
-    try:
-        owner = psutil.Process(int(state["owner_pid"]))
-        return abs(owner.create_time() - float(state["owner_started"])) < 1.0
-    except (psutil.Error, KeyError, ValueError, TypeError):
-        return False
+LocalSandboxBackend.sandbox_class = LocalSandbox

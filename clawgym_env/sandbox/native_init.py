@@ -43,9 +43,13 @@ def build_init(compiler: str | None = None, cache: Path | None = None) -> Path:
     """The compiled init binary (built now if not cached); raises RuntimeError saying why it cannot be built."""
     compiler = compiler or find_compiler()
     if compiler is None:
-        raise RuntimeError(f"no C compiler found (tried $CC, {', '.join(COMPILERS)}); install one with `apt-get install -y gcc`")
+        raise RuntimeError(
+            f"no C compiler found (tried $CC, {', '.join(COMPILERS)}); install one with `apt-get install -y gcc`"
+        )
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + compiler.encode() + " ".join(FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        source + compiler.encode() + " ".join(FLAGS).encode() + os.uname().machine.encode()
+    ).hexdigest()[:16]
     folder = cache or cache_dir()
     target = folder / f"sandbox-init-{digest}"
     if os.access(target, os.X_OK):
@@ -58,7 +62,9 @@ def build_init(compiler: str | None = None, cache: Path | None = None) -> Path:
         raise RuntimeError(f"cannot write the C init to {folder}: {exc} (set $CLAWGYM_INIT_CACHE)") from exc
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=120
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} could not build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
         os.chmod(partial, 0o755)

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -286,6 +287,9 @@ int main(int argc, char **argv) {
     }
     control = atoi(argv[1]);
     fcntl(control, F_SETFD, FD_CLOEXEC); /* commands must not get the control socket */
+    /* not dumpable: a command (same uid, no capabilities) cannot ptrace this process, read its
+       /proc/<pid>/fd, or take the control socket with pidfd_getfd; exec resets this for commands */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     apply_limits(argv[2]);
     if (argc >= 5) start_relay(atoi(argv[3]), argv[4]);
     sigset_t child_signal;

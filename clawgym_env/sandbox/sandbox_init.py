@@ -8,7 +8,7 @@ It holds the sandbox's namespaces, and
   * relays 127.0.0.1:<port> inside the sandbox to the serving proxy's Unix socket bound at /run/clawgym/.
 argv: <control fd> <rlimits "name=value,..."> [<relay port> <relay socket>]. sandbox_init.c is the same
 program in C (same arguments and protocol), used where a C compiler is available since it starts ~15 ms
-faster; this one is the fallback. Only low-level modules are imported (_socket, _thread ...). When the
+faster; this one is the fallback. Only low-level modules are imported (_socket, _thread ...; ctypes once). When the
 control socket closes (host gone or sandbox destroyed) this process exits, and bubblewrap kills everything
 left in the PID namespace. This file is read as text and given to `python -c`; stdlib only.
 """
@@ -22,8 +22,12 @@ import resource
 import sys
 
 CONTROL = None  # set in main()
-RLIMITS = {"core": resource.RLIMIT_CORE, "fsize": resource.RLIMIT_FSIZE, "nproc": resource.RLIMIT_NPROC,
-           "data": resource.RLIMIT_DATA}
+RLIMITS = {
+    "core": resource.RLIMIT_CORE,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nproc": resource.RLIMIT_NPROC,
+    "data": resource.RLIMIT_DATA,
+}
 CHILDREN = {}  # request id -> pid
 SEND_LOCK = _thread.allocate_lock()
 
@@ -117,13 +121,15 @@ def spawn(request, fds):
         os.chdir(os.fsdecode(request["cwd"]))
         argv, env = request["argv"], request["env"]
         pid = os.posix_spawn(
-            find_program(argv[0], env), argv, env,
+            find_program(argv[0], env),
+            argv,
+            env,
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
             setsid=True,  # own session and process group: killpg reaches everything it starts
             setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # python ignores these; commands expect defaults
         )
     except OSError as exc:
-        send("error", request["id"], "%s: %s" % (type(exc).__name__, exc))
+        send("error", request["id"], f"{type(exc).__name__}: {exc}")
         return
     finally:
         for fd in fds:
@@ -148,8 +154,20 @@ def kill(request_id):
             pass
 
 
+def not_dumpable():
+    """A command (same uid, no capabilities) must not ptrace this process or take the control socket
+    with pidfd_getfd; exec resets this for the commands. ctypes costs ~5 ms of start-up, worth it here."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
 def main():
     global CONTROL
+    not_dumpable()
     os.set_inheritable(int(sys.argv[1]), False)  # commands must not get the control socket
     CONTROL = socket.socket(fileno=int(sys.argv[1]))
     apply_limits(sys.argv[2])
@@ -170,8 +188,8 @@ def main():
         fields = data.split(b"\0")
         if fields[0] == b"exec" and len(fields) >= 5 and len(fds) == 3:
             argc = int(fields[3])
-            env = dict(entry.split(b"=", 1) for entry in fields[4 + argc:] if b"=" in entry)
-            spawn({"id": int(fields[1]), "cwd": fields[2], "argv": fields[4:4 + argc], "env": env}, list(fds))
+            env = dict(entry.split(b"=", 1) for entry in fields[4 + argc :] if b"=" in entry)
+            spawn({"id": int(fields[1]), "cwd": fields[2], "argv": fields[4 : 4 + argc], "env": env}, list(fds))
         else:
             for fd in fds:
                 os.close(fd)

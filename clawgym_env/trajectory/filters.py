@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from clawgym_env.trajectory.trie import RootKey, PreparedCall, TreeBuilder
+from clawgym_env.trajectory.trie import PreparedCall, RootKey, TreeBuilder
 
 
 def is_failed_call(pc: PreparedCall) -> bool:

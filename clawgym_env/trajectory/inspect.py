@@ -102,7 +102,9 @@ def render_text(forest: TrajectoryForest, decode: Decode | None = None, width: i
         console.print(Text("Prefix breaks: " + "; ".join(breaks)))
     filtered = forest.metadata.get("filtered", [])
     if filtered:
-        console.print(Text("Filtered: " + "; ".join(f"call {f['call_index']}: {f['filter']} ({f['reason']})" for f in filtered)))
+        console.print(
+            Text("Filtered: " + "; ".join(f"call {f['call_index']}: {f['filter']} ({f['reason']})" for f in filtered))
+        )
     return console.export_text()
 
 
@@ -123,7 +125,9 @@ BREAK_REASONS = ("drift", "edited_history", "harness_rewrite", "compaction", "re
 def _prefix_summary(s: Any) -> str:
     """How many prompts extended the previous call of their agent, and why the others did not."""
     reasons = [f"{r} {getattr(s, 'breaks_' + r)}" for r in BREAK_REASONS if getattr(s, "breaks_" + r)]
-    text = f"prefix extended {s.prefix_extended}, broke {s.prefix_breaks}" + (f" ({', '.join(reasons)})" if reasons else "")
+    text = f"prefix extended {s.prefix_extended}, broke {s.prefix_breaks}" + (
+        f" ({', '.join(reasons)})" if reasons else ""
+    )
     if s.rewritten_turns:
         text += f", rewritten echoes {s.rewritten_turns}"
     return text
@@ -147,7 +151,9 @@ def prefix_breaks(forest: TrajectoryForest) -> list[str]:
     for rec in forest.metadata.get("calls", []):
         check = rec.get("prefix") or {}
         if check.get("extended") is False:
-            out.append(f"call {rec['call_index']} vs call {check['previous_call']}: {check['reason']}, {check['detail']}")
+            out.append(
+                f"call {rec['call_index']} vs call {check['previous_call']}: {check['reason']}, {check['detail']}"
+            )
     return out
 
 
@@ -213,7 +219,9 @@ def render_html(forest: TrajectoryForest, decode: Decode | None = None) -> str:
     parts.append("</ul>")
     for aux in forest.auxiliary:
         reason = html.escape(str(aux.metadata.get("auxiliary_reason")))
-        parts.append(f"<h3>Set aside ({reason}): {aux.num_tokens:,} tokens, {aux.num_branches} branches</h3><ul class='tree'>")
+        parts.append(
+            f"<h3>Set aside ({reason}): {aux.num_tokens:,} tokens, {aux.num_branches} branches</h3><ul class='tree'>"
+        )
         parts += [seg_html(aux, root, " aux") for root in segments(aux)]
         parts.append("</ul>")
     rows = _call_rows(forest)
@@ -245,7 +253,9 @@ def find_calls_file(path: Path) -> Path:
         return direct
     found = sorted(path.rglob("*calls*.jsonl"))
     if not found:
-        raise FileNotFoundError(f"no calls.jsonl under {path}: pass the run directory of a recorded run or the file itself")
+        raise FileNotFoundError(
+            f"no calls.jsonl under {path}: pass the run directory of a recorded run or the file itself"
+        )
     return found[0]
 
 
@@ -255,7 +265,10 @@ def rollout_ids(calls_file: Path) -> list[str]:
     with open(calls_file, "rb") as fh:
         for raw in fh:
             if raw.endswith(b"\n"):
-                seen.setdefault(orjson.loads(raw)["rollout_id"], None)
+                try:
+                    seen.setdefault(orjson.loads(raw)["rollout_id"], None)
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    continue  # a torn line: read_calls skips and counts it
     return list(seen)
 
 
@@ -280,13 +293,17 @@ def inspect_run(
     rollout_id = rollout_id or ids[0]
     if rollout_id not in ids:
         raise ValueError(f"rollout {rollout_id!r} is not in {calls_file}; recorded: {', '.join(ids[:10])}")
-    calls: list[ModelCall] = list(read_calls(calls_file, rollout_id))
+    reader = read_calls(calls_file, rollout_id)
+    calls: list[ModelCall] = list(reader)
     forest = build_forest(calls, rollout_id=rollout_id, reward=reward, options=options)
     out = Path(out_dir) if out_dir is not None else calls_file.parent / "inspect"
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / f"{rollout_id}.html"
     html_path.write_text(render_html(forest, decode), encoding="utf-8")
-    return render_text(forest, decode), html_path
+    text = render_text(forest, decode)
+    if reader.torn_lines:
+        text += f"\n{reader.torn_lines} torn line(s) in {calls_file} skipped (a writer was killed mid-line)"
+    return text, html_path
 
 
 def recording_stats(path: str | Path, options: ForestOptions | None = None) -> list[dict[str, Any]]:
@@ -326,4 +343,6 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rollouts)"
     head = "| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n"
-    return head + "".join("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()) + " |\n" for r in rows)
+    return head + "".join(
+        "| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()) + " |\n" for r in rows
+    )

@@ -92,7 +92,9 @@ class PackedBatch:
         """
         device = torch.device(device)
         if device.type == "cpu":
-            raise ValueError("flex attention has no backward pass on CPU: use attn_implementation='sdpa' with attention_mask()")
+            raise ValueError(
+                "flex attention has no backward pass on CPU: use attn_implementation='sdpa' with attention_mask()"
+            )
         from torch.nn.attention.flex_attention import create_block_mask
 
         member = self.branch_membership().to(device)
@@ -114,7 +116,11 @@ class PackedBatch:
             mask = self.attention_mask(next(model.parameters()).dtype).to(device)
         else:
             mask = self.attention_mask().to(device)
-        return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device), "attention_mask": mask}
+        return {
+            "input_ids": self.input_ids.to(device),
+            "position_ids": self.position_ids.to(device),
+            "attention_mask": mask,
+        }
 
     def gather(self, per_forest: Sequence[np.ndarray]) -> np.ndarray:
         """Per-node arrays of this batch's forests (in `rollout_ids` order) -> one value per packed token."""
@@ -135,7 +141,9 @@ class PackedBatch:
 def pack_forest(forest: TrajectoryForest) -> PackedBatch:
     """Pack one forest; it must be trainable (status "ok")."""
     if not forest.ok:
-        raise ValueError(f"rollout {forest.rollout_id} is {forest.status} ({forest.failure}); only ok forests can be trained on")
+        raise ValueError(
+            f"rollout {forest.rollout_id} is {forest.status} ({forest.failure}); only ok forests can be trained on"
+        )
     return _pack([forest])
 
 
@@ -171,7 +179,9 @@ def pack_forests(
     batches = [_pack(group, chains) for group, chains in zip(bins, bin_chains)]
     for batch in batches:
         if batch.num_tokens > token_budget:
-            log.warning("rollout %s alone has %d tokens > token_budget %d", batch.rollout_ids[0], batch.num_tokens, token_budget)
+            log.warning(
+                "rollout %s alone has %d tokens > token_budget %d", batch.rollout_ids[0], batch.num_tokens, token_budget
+            )
     return batches
 
 

@@ -19,7 +19,7 @@ from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory import filters
 from clawgym_env.trajectory.forest import ForestStats, TrajectoryForest
-from clawgym_env.trajectory.trie import RootKey, _COLUMNS, PreparedCall, TreeBuilder
+from clawgym_env.trajectory.trie import _COLUMNS, PreparedCall, RootKey, TreeBuilder
 
 _ARRAY_FIELDS = ("tokens", "parents", "generated", "logprobs", "policy_versions", "call_index", "source", "depth")
 
@@ -102,7 +102,10 @@ def build_forest(
     forest.auxiliary = auxiliary
     forest.metadata.update(calls=[records[i] for i in sorted(records)], filtered=removed)
     if filters.is_overforked(forest.num_branches, options.max_leaves):
-        forest.status, forest.failure = "failed", f"overfork: {forest.num_branches} leaves > max_leaves {options.max_leaves}"
+        forest.status, forest.failure = (
+            "failed",
+            f"overfork: {forest.num_branches} leaves > max_leaves {options.max_leaves}",
+        )
         stats.dropped_overfork = 1
     if failure is not None:
         forest.status, forest.failure, forest.reward = "failed", failure, None
@@ -124,7 +127,9 @@ def _count_prefix_checks(
         check = call.prefix
         if check is None:
             previous = latest.get(pc.root_key)
-            check = check_prefix(previous, call.prompt_ids, call.segments, first_of_rollout=not latest, compaction_ratio=compaction_ratio)
+            check = check_prefix(
+                previous, call.prompt_ids, call.segments, first_of_rollout=not latest, compaction_ratio=compaction_ratio
+            )
         latest[pc.root_key] = call
         records[pc.index]["prefix"] = check.model_dump()
         stats.rewritten_turns += call.rewritten_turns
@@ -147,12 +152,16 @@ def _validated(calls: list[ModelCall], rollout_id: str) -> list[ModelCall]:
                 "pass only one rollout's calls (read_calls(path, rollout_id) filters a log)"
             )
         if call.call_index in seen:
-            raise ValueError(f"rollout {rollout_id!r} has call_index {call.call_index} twice; each call needs its own index")
+            raise ValueError(
+                f"rollout {rollout_id!r} has call_index {call.call_index} twice; each call needs its own index"
+            )
         seen.add(call.call_index)
     return sorted(calls, key=lambda c: c.call_index)
 
 
-def _insert_all(live: list[PreparedCall], options: ForestOptions, records: dict[int, dict[str, Any]]) -> list[TreeBuilder]:
+def _insert_all(
+    live: list[PreparedCall], options: ForestOptions, records: dict[int, dict[str, Any]]
+) -> list[TreeBuilder]:
     """Route each call to the tree it extends (or open one) and insert it there, in call order."""
     main_key = filters.choose_main_root(live)
     trees: list[TreeBuilder] = []
@@ -160,7 +169,11 @@ def _insert_all(live: list[PreparedCall], options: ForestOptions, records: dict[
     for pc in live:
         group = by_root.setdefault(pc.root_key, [])
         if not group:
-            group.append(TreeBuilder(kind="main" if pc.root_key == main_key and not any(t.kind == "main" for t in trees) else "subagent"))
+            group.append(
+                TreeBuilder(
+                    kind="main" if pc.root_key == main_key and not any(t.kind == "main" for t in trees) else "subagent"
+                )
+            )
             trees.append(group[0])
         best_tree, lcp, matched = group[0], -1, np.zeros(0, np.int64)
         for tree in group:

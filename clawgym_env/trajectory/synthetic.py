@@ -102,7 +102,9 @@ class _Recorder:
             finish_reason="error" if error else "stop",
             segments=segs,
             error="HTTP 500 injected" if error else None,
-            timings=CallTimings(received_at=self.clock, queue_s=0.001, generate_s=generate_s, total_s=generate_s + 0.01),
+            timings=CallTimings(
+                received_at=self.clock, queue_s=0.001, generate_s=generate_s, total_s=generate_s + 0.01
+            ),
         )
         self.calls.append(call)
         self.expected[index] = "failed" if error else role
@@ -130,7 +132,10 @@ def synthetic_rollout(
     """One rollout of `turns` agent turns (each turn: a generation, then a tool result)."""
     rng = random.Random(seed)
     rec = _Recorder(rng, rollout_id, vocab, gaps)
-    system = [Message("system", rec.content(system_tokens), "system"), Message("system", rec.content(tools_tokens), "tools")]
+    system = [
+        Message("system", rec.content(system_tokens), "system"),
+        Message("system", rec.content(tools_tokens), "tools"),
+    ]
     history: list[Message] = [Message("user", rec.content(user_tokens), "user")]
     role: Expected = "main"
     longest = 0
@@ -151,7 +156,10 @@ def synthetic_rollout(
             sub_hist = [Message("user", rec.content(6), "user")]
             for _ in range(2):
                 sub = rec.call(sub_system + sub_hist, rng.randint(3, 8), "subagent")
-                sub_hist += [Message("assistant", sub.generated_ids, "", sub.call_index), Message("tool", rec.content(5), "tool")]
+                sub_hist += [
+                    Message("assistant", sub.generated_ids, "", sub.call_index),
+                    Message("tool", rec.content(5), "tool"),
+                ]
         if compaction_at == t and role == "main":
             summarize = Message("user", rec.content(6), "user")
             summary_call = turn_call(history + [summarize], system, "main", None)
@@ -184,7 +192,9 @@ def _mark_unanswered_retries(rec: _Recorder) -> None:
                     rec.expected[c.call_index] = "main"
 
 
-def realistic_rollout(seed: int, rollout_id: str = "r0", mode: Mode = "append", total_tokens: int = 30_000) -> SyntheticRollout:
+def realistic_rollout(
+    seed: int, rollout_id: str = "r0", mode: Mode = "append", total_tokens: int = 30_000
+) -> SyntheticRollout:
     """A rollout of about `total_tokens` unique tokens shaped like a Claude Code session.
 
     About 2/3 of it is the system prompt and tool definitions (24 tools, 64 kB of JSON in the measured Claude Code requests), the

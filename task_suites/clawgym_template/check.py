@@ -61,7 +61,10 @@ def check(c):
     if kind == "csv_rows":
         got = [[cell.strip() for cell in ln.split(",")] for ln in lines(read(path)) if ln.strip()]
         want = c["rows"]
-        return float(len(got) == len(want) and all(len(g) == len(w) and all(same(a, b) for a, b in zip(g, w)) for g, w in zip(got, want)))
+        return float(
+            len(got) == len(want)
+            and all(len(g) == len(w) and all(same(a, b) for a, b in zip(g, w)) for g, w in zip(got, want))
+        )
     if kind == "json_values":
         try:
             data = json.loads(read(path))
@@ -94,7 +97,9 @@ def check(c):
                     else:
                         args.append(str(arg))
                 try:
-                    run = subprocess.run([sys.executable, c["script"], *args], capture_output=True, text=True, timeout=10)
+                    run = subprocess.run(
+                        [sys.executable, c["script"], *args], capture_output=True, text=True, timeout=10
+                    )
                 except subprocess.TimeoutExpired:
                     continue
                 passed += run.returncode == 0 and lines(run.stdout) == lines(case["stdout"])

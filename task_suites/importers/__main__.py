@@ -25,11 +25,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({
-            "suite": suite.name,
-            "tasks": [t.id for t in suite.tasks or []],
-            "broken": [{"path": str(p.path), "reason": p.reason} for p in suite.problems],
-        }, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "suite": suite.name,
+                    "tasks": [t.id for t in suite.tasks or []],
+                    "broken": [{"path": str(p.path), "reason": p.reason} for p in suite.problems],
+                },
+                indent=2,
+            )
+        )
     else:
         print(suite.report())
         for task in suite.tasks or []:

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from task_suites.importers.common import ImportedSuite, import_suite
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, TaskSpec, WorkspaceSpec
+from task_suites.importers.common import ImportedSuite, import_suite
 from verifiers.script import ScriptVerifier
 
 DATA_ENTRY = "data_entry.json"
@@ -106,8 +106,10 @@ def load_clawgym_folder(
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder of ClawGym tasks")
-    folders = [root] if (root / DATA_ENTRY).exists() else sorted(
-        p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+    folders = (
+        [root]
+        if (root / DATA_ENTRY).exists()
+        else sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
     )
     return import_suite(
         root,

@@ -27,17 +27,19 @@ from typing import Any
 
 import yaml
 
-from task_suites.importers.common import ImportedSuite, import_suite
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from clawgym_env.specs import TaskSpec, WorkspaceSpec, check_relative_path
-from verifiers.base import BaseVerifier, VerifierConfigError, host_workspace
+from task_suites.importers.common import ImportedSuite, import_suite
+from verifiers.base import BaseVerifier, host_workspace
 from verifiers.composite import CompositeVerifier
 from verifiers.rubric import Criterion, ModelJudge, RubricVerifier
 
 GRADING_TYPES = ("automated", "llm_judge", "hybrid")
 _FRONT_MATTER = re.compile(r"^---\s*\n(.*?)\n---\s*\n(.*)$", re.DOTALL)
 _CODE_BLOCK = re.compile(r"```python\s*\n(.*?)```", re.DOTALL)
-_CRITERION = re.compile(r"^###\s*(?:Criterion\s*\d+\s*:\s*)?(.+?)\s*(?:\(\s*Weight\s*:\s*([\d.]+)\s*%?\s*\))?\s*$", re.I)
+_CRITERION = re.compile(
+    r"^###\s*(?:Criterion\s*\d+\s*:\s*)?(.+?)\s*(?:\(\s*Weight\s*:\s*([\d.]+)\s*%?\s*\))?\s*$", re.I
+)
 
 _RUNNER = r"""
 import json, sys
@@ -122,12 +124,20 @@ class PinchBenchGradeVerifier(BaseVerifier):
                 (Path(tmp) / "grade.py").write_text(self.code)
                 (Path(tmp) / "transcript.json").write_text(json.dumps(transcript, default=str))
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", "-c", _RUNNER, "grade.py", "transcript.json", str(workspace),
-                    cwd=tmp, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                )  # fmt: skip
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    _RUNNER,
+                    "grade.py",
+                    "transcript.json",
+                    str(workspace),
+                    cwd=tmp,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
                 try:
                     out, err = await asyncio.wait_for(proc.communicate(), timeout=self.grade_timeout_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     proc.kill()
                     await proc.wait()
                     return VerifierResult.failure(f"grade() timed out after {self.grade_timeout_s:g} s")
@@ -235,7 +245,10 @@ def parse_pinchbench_task(path: Path, *, judge: ModelJudge | None = None, defaul
             )
             for i, (n, w, d) in enumerate(rubric)
         ]
-        parts["llm_judge"] = (RubricVerifier(criteria, judge=judge, name=f"judge[{task_id}]"), float(weights.get("llm_judge", 0.5)))
+        parts["llm_judge"] = (
+            RubricVerifier(criteria, judge=judge, name=f"judge[{task_id}]"),
+            float(weights.get("llm_judge", 0.5)),
+        )
     verifier = next(iter(parts.values()))[0] if len(parts) == 1 else CompositeVerifier(parts, name=f"hybrid[{task_id}]")
 
     known = {"id", "name", "category", "grading_type", "timeout_seconds", "grading_weights", "workspace_files"}

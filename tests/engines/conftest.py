@@ -5,7 +5,7 @@ import torch
 # (engines adopt the creating thread's count).
 torch.set_num_threads(1)
 
-from clawgym_env.engines.tokenizer import load_qwen_tokenizer
+from clawgym_env.engines.tokenizer import load_qwen_tokenizer  # noqa: E402 (after the thread count is set)
 
 
 @pytest.fixture(scope="session")

@@ -30,3 +30,19 @@ def test_bad_requests():
         make_engine("remote")
     with pytest.raises(ValueError, match="needs completions"):
         make_engine("scripted")
+
+
+async def test_vllm_server_pool_connects_to_given_urls_and_fails_calls_to_a_dead_one(tmp_path, chat_prompt):
+    """Nothing listens on port 9: the call fails (counted), the server is marked lost, no call is retried there."""
+    from clawgym_env.engines.vllm_server import ServerUnavailable, VLLMServerPool
+
+    pool = make_engine("vllm_server", urls=["http://127.0.0.1:9"], checkpoint_dir=tmp_path)
+    assert isinstance(pool, VLLMServerPool) and pool.policy_version == 0
+    with pytest.raises(ServerUnavailable, match="127.0.0.1:9"):
+        await pool.generate(chat_prompt, SamplingParams(max_tokens=2))
+    with pytest.raises(ServerUnavailable, match="all 1 vLLM servers are down"):
+        await pool.generate(chat_prompt, SamplingParams(max_tokens=2))
+    assert pool.stats.failed_calls == 2 and pool.stats.servers_lost == 1
+    await pool.aclose()
+    with pytest.raises(ValueError, match="at least one server"):
+        VLLMServerPool([])

@@ -48,7 +48,7 @@ def test_missing_wheels_name_the_setup_command(tmp_path, monkeypatch):
 
 
 def test_unknown_model_name_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="tiny-qwen3, smollm2-135m, qwen2.5-coder-0.5b"):
+    with pytest.raises(ValueError, match="tiny-qwen3, tiny-qwen3-h64, smollm2-135m, qwen2.5-coder-0.5b"):
         models.load_policy_model("gpt-7", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="no config.json"):
         models.load_policy_model(tmp_path)

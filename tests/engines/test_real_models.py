@@ -12,8 +12,16 @@ from clawgym_env.interfaces import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
-          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
 
 
 def teacher_forced(model, prompt, generated):
@@ -26,7 +34,9 @@ async def test_smollm2_converted_copy_matches_gguf_and_engine_logprobs():
     from transformers import AutoModelForCausalLM
 
     model, tok = load_policy_model("smollm2-135m")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_dict=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_dict=False
+    )
     gguf = smollm2_gguf()
     direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -47,8 +57,10 @@ async def test_qwen25_coder_calls_a_tool_and_logprobs_match():
     text = "def main():\n    print('héllo, 世界')  # 12345"
     assert tok.encode(text, add_special_tokens=False) == load_qwen_tokenizer().encode(text, add_special_tokens=False)
     prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "List the files in the current directory."}], tools=TOOLS,
-        add_generation_prompt=True, return_dict=False,
+        [{"role": "user", "content": "List the files in the current directory."}],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        return_dict=False,
     )
     engine = TransformersEngine(model, tok)
     gen = await engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0))

@@ -11,7 +11,9 @@ TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</to
 async def test_replays_script_with_stop_token(qwen_tok):
     engine = ScriptedTestEngine(qwen_tok, [TOOL_CALL, "Done."])
     assert isinstance(engine, InferenceEngine)
-    prompt = qwen_tok.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True, return_dict=False)
+    prompt = qwen_tok.apply_chat_template(
+        [{"role": "user", "content": "go"}], add_generation_prompt=True, return_dict=False
+    )
     first = await engine.generate(prompt, SamplingParams())
     assert first.token_ids[0] == 151657 and first.token_ids[-1] == 151645  # <tool_call> ... <|im_end|>
     assert qwen_tok.decode(first.token_ids) == TOOL_CALL + "<|im_end|>"

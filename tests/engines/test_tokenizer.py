@@ -29,9 +29,15 @@ def reference():
 def test_vocabulary_and_special_ids(qwen_tok):
     assert len(qwen_tok) == VOCAB_SIZE == 151_669
     expected = {
-        "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
-        "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666,
-        "<think>": 151667, "</think>": 151668,
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<tool_response>": 151665,
+        "</tool_response>": 151666,
+        "<think>": 151667,
+        "</think>": 151668,
     }
     for token, tid in expected.items():
         assert qwen_tok.convert_tokens_to_ids(token) == tid
@@ -59,13 +65,24 @@ def test_skip_special_tokens_keeps_tool_call_tags(qwen_tok):
 
 
 def test_chat_template_with_tools(qwen_tok):
-    tools = [{"type": "function", "function": {"name": "ls", "description": "list files",
-                                                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "ls",
+                "description": "list files",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+        }
+    ]
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is here?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "ls", "arguments": {"path": "."}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "ls", "arguments": {"path": "."}}}],
+        },
         {"role": "tool", "content": "a.txt"},
         {"role": "tool", "content": "b.txt"},
     ]
@@ -75,7 +92,7 @@ def test_chat_template_with_tools(qwen_tok):
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
         + json.dumps(tools[0], ensure_ascii=False)
         + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
         "</tool_call><|im_end|>\n"
         "<|im_start|>user\nWhat is here?<|im_end|>\n"
         '<|im_start|>assistant\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call><|im_end|>\n'
@@ -83,7 +100,9 @@ def test_chat_template_with_tools(qwen_tok):
         "<|im_start|>assistant\n"
     )
     assert text == expected
-    ids = qwen_tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False)
+    ids = qwen_tok.apply_chat_template(
+        messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     assert ids == qwen_tok.encode(expected, add_special_tokens=False)
 
 

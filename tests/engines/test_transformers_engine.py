@@ -48,7 +48,9 @@ async def test_stop_token_ends_generation_and_is_kept(engine, chat_prompt):
     greedy = await engine.generate(chat_prompt, SamplingParams(max_tokens=12, temperature=0))
     stop_at = next(i for i in range(3, 12) if greedy.token_ids[i] not in greedy.token_ids[:i])
     stop_id = greedy.token_ids[stop_at]
-    stopped = await engine.generate(chat_prompt, SamplingParams(max_tokens=12, temperature=0, stop_token_ids=(stop_id,)))
+    stopped = await engine.generate(
+        chat_prompt, SamplingParams(max_tokens=12, temperature=0, stop_token_ids=(stop_id,))
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == greedy.token_ids[: stop_at + 1]
     assert stopped.logprobs == pytest.approx(greedy.logprobs[: stop_at + 1], abs=1e-5)
@@ -139,7 +141,9 @@ async def test_update_weights_changes_outputs_and_bumps_version(tiny_model, qwen
     after = await eng.generate(chat_prompt, s)
     assert eng.policy_version == 5 and after.policy_version == 5
     assert after.token_ids != before.token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
-    assert torch.equal(model.state_dict()["model.layers.1.mlp.up_proj.weight"], new["model.layers.1.mlp.up_proj.weight"])
+    assert torch.equal(
+        model.state_dict()["model.layers.1.mlp.up_proj.weight"], new["model.layers.1.mlp.up_proj.weight"]
+    )
     with pytest.raises(KeyError, match="not in the model"):
         eng.update_weights({"no.such.weight": torch.zeros(1)}, 6)
     assert eng.policy_version == 5

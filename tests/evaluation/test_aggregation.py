@@ -11,14 +11,34 @@ import pytest
 from evaluation import EvalConfig, EvalReport, EvalRow, bootstrap_ci, build_report, summarize
 
 
-def row(task: str, reward: float, *, env: str = "S-WhiteBox", category: str = "a", repeat: int = 0,
-        status: str = "ok", stage: str | None = None, threshold: float = 1.0, calls: int = 2) -> EvalRow:  # fmt: skip
+def row(
+    task: str,
+    reward: float,
+    *,
+    env: str = "S-WhiteBox",
+    category: str = "a",
+    repeat: int = 0,
+    status: str = "ok",
+    stage: str | None = None,
+    threshold: float = 1.0,
+    calls: int = 2,
+) -> EvalRow:
     suite, harness = env.split("-")
     return EvalRow(
-        env_id=env, suite=suite, harness=harness, task_id=task, category=category, repeat=repeat, reward=reward,
-        success=status == "ok" and reward >= threshold, status=status, failure_stage=stage,
-        failure_reason=f"{stage} broke" if stage else None, num_calls=calls, wall_s=1.5,
-    )  # fmt: skip
+        env_id=env,
+        suite=suite,
+        harness=harness,
+        task_id=task,
+        category=category,
+        repeat=repeat,
+        reward=reward,
+        success=status == "ok" and reward >= threshold,
+        status=status,
+        failure_stage=stage,
+        failure_reason=f"{stage} broke" if stage else None,
+        num_calls=calls,
+        wall_s=1.5,
+    )
 
 
 def config(*envs: str, **kw) -> EvalConfig:
@@ -27,10 +47,14 @@ def config(*envs: str, **kw) -> EvalConfig:
 
 def test_mean_success_and_failures_by_stage() -> None:
     rows = [
-        row("t1", 1.0), row("t2", 0.5), row("t3", 0.0),
-        row("t4", 0.0, status="failed", stage="harness"), row("t5", 0.0, status="failed", stage="harness"),
-        row("t6", 0.0, status="failed", stage="timeout"), row("t7", 0.0, status="empty", stage="reconstruct"),
-    ]  # fmt: skip
+        row("t1", 1.0),
+        row("t2", 0.5),
+        row("t3", 0.0),
+        row("t4", 0.0, status="failed", stage="harness"),
+        row("t5", 0.0, status="failed", stage="harness"),
+        row("t6", 0.0, status="failed", stage="timeout"),
+        row("t7", 0.0, status="empty", stage="reconstruct"),
+    ]
     s = summarize(rows)
     assert s.rollouts == 7 and s.tasks == 7
     assert s.mean_reward == pytest.approx(1.5 / 7)  # failed rollouts count as 0 by default
@@ -76,10 +100,12 @@ def test_no_interval_for_one_task_and_a_point_for_constant_rewards() -> None:
 
 def test_groups_per_env_category_harness_and_suite() -> None:
     rows = [
-        row("t1", 1.0, env="A-WhiteBox", category="x"), row("t2", 0.0, env="A-WhiteBox", category="y"),
-        row("t1", 1.0, env="A-Pi", category="x"), row("t2", 1.0, env="A-Pi", category="y"),
+        row("t1", 1.0, env="A-WhiteBox", category="x"),
+        row("t2", 0.0, env="A-WhiteBox", category="y"),
+        row("t1", 1.0, env="A-Pi", category="x"),
+        row("t2", 1.0, env="A-Pi", category="y"),
         row("u1", 0.0, env="B-Pi", category="z", status="failed", stage="sandbox"),
-    ]  # fmt: skip
+    ]
     report = build_report(rows, config("A-WhiteBox", "A-Pi", "B-Pi"))
     assert list(report.by_env) == ["A-WhiteBox", "A-Pi", "B-Pi"]  # the order asked for
     assert report.by_env["A-WhiteBox"].mean_reward == 0.5 and report.by_env["A-Pi"].mean_reward == 1.0

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import clawgym_env
-from clawgym_cli.compare import BASELINE, ComparisonReport, CompareConfig, build_policy, compare, train_config
+from clawgym_cli.compare import BASELINE, CompareConfig, ComparisonReport, build_policy, compare, train_config
 from evaluation import GroupStats, Interval
 
 WB, PI = "trained in WhiteBox", "trained in Pi"
@@ -29,9 +29,19 @@ def policy_versions(calls_jsonl: Path) -> set[int]:
 @pytest.mark.harness
 def test_tiny_comparison_trains_both_and_evaluates_all_under_both(tmp_path: Path) -> None:
     report = compare(
-        "ClawGymBench", "Pi", "tiny-qwen3", out=tmp_path, steps=1, group_size=2, train_tasks=1, eval_tasks=1,
-        max_new_tokens=8, max_calls=2, lr=1e-3, train_overrides=MOVE,
-    )  # fmt: skip
+        "ClawGymBench",
+        "Pi",
+        "tiny-qwen3",
+        out=tmp_path,
+        steps=1,
+        group_size=2,
+        train_tasks=1,
+        eval_tasks=1,
+        max_new_tokens=8,
+        max_calls=2,
+        lr=1e-3,
+        train_overrides=MOVE,
+    )
     assert report.policies == [BASELINE, WB, PI] and report.harnesses == ["WhiteBox", "Pi"]
     for label in report.policies:
         for harness in report.harnesses:
@@ -64,9 +74,19 @@ def test_tiny_comparison_trains_both_and_evaluates_all_under_both(tmp_path: Path
 
 
 def test_train_config_carries_every_knob(tmp_path: Path) -> None:
-    config = CompareConfig(model="smollm2-135m", algorithm="ppo", steps=3, group_size=5, tasks_per_step=2,
-                           train_tasks=7, level=1, lr=3e-4, max_new_tokens=99, max_calls=3,
-                           train_overrides=["optim.weight_decay=0.1"])  # fmt: skip
+    config = CompareConfig(
+        model="smollm2-135m",
+        algorithm="ppo",
+        steps=3,
+        group_size=5,
+        tasks_per_step=2,
+        train_tasks=7,
+        level=1,
+        lr=3e-4,
+        max_new_tokens=99,
+        max_calls=3,
+        train_overrides=["optim.weight_decay=0.1"],
+    )
     cfg = train_config(config, "OfficeQA-Codex", tmp_path)
     assert cfg.env.ids == ["OfficeQA-Codex"] and cfg.env.group_size == 5 and cfg.env.tasks_per_step == 2
     assert cfg.env.train_tasks == 7 and cfg.env.level == 1 and cfg.steps == 3 and cfg.checkpoint.every == 3
@@ -97,12 +117,22 @@ def test_a_training_that_saves_no_checkpoint_is_reported(tmp_path: Path) -> None
 
 def test_table_and_plot_from_cells(tmp_path: Path) -> None:
     def stats(mean: float) -> GroupStats:
-        return GroupStats(rollouts=8, tasks=8, mean_reward=mean, reward_ci=Interval(low=mean - 0.1, high=mean + 0.1),
-                          success_rate=mean / 2)  # fmt: skip
+        return GroupStats(
+            rollouts=8,
+            tasks=8,
+            mean_reward=mean,
+            reward_ci=Interval(low=mean - 0.1, high=mean + 0.1),
+            success_rate=mean / 2,
+        )
 
-    cells = {BASELINE: {"WhiteBox": stats(0.2), "Pi": stats(0.1)}, WB: {"WhiteBox": stats(0.6), "Pi": stats(0.3)},
-             PI: {"WhiteBox": stats(0.4), "Pi": stats(0.5)}}  # fmt: skip
-    report = ComparisonReport(config=CompareConfig(), policies=[BASELINE, WB, PI], harnesses=["WhiteBox", "Pi"], cells=cells)
+    cells = {
+        BASELINE: {"WhiteBox": stats(0.2), "Pi": stats(0.1)},
+        WB: {"WhiteBox": stats(0.6), "Pi": stats(0.3)},
+        PI: {"WhiteBox": stats(0.4), "Pi": stats(0.5)},
+    }
+    report = ComparisonReport(
+        config=CompareConfig(), policies=[BASELINE, WB, PI], harnesses=["WhiteBox", "Pi"], cells=cells
+    )
     report.save(tmp_path)
     lines = (tmp_path / "comparison.txt").read_text().splitlines()
     wb_line = next(line for line in lines if line.lstrip("│ ").startswith(WB))
@@ -115,10 +145,32 @@ def test_table_and_plot_from_cells(tmp_path: Path) -> None:
 @pytest.mark.harness
 def test_compare_command(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "clawgym_cli", "compare", "--harness", "ClaudeCode", "--steps", "1",
-         "--train-tasks", "1", "--eval-tasks", "2", "--max-new-tokens", "8", "--max-calls", "2", "--out", str(tmp_path)],
-        cwd=tmp_path, env={**os.environ, "COLUMNS": "160"}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "clawgym_cli",
+            "compare",
+            "--harness",
+            "ClaudeCode",
+            "--steps",
+            "1",
+            "--train-tasks",
+            "1",
+            "--eval-tasks",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--max-calls",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "160"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "evaluated in ClaudeCode" in proc.stdout and "trained in ClaudeCode" in proc.stdout
     report = ComparisonReport.load(tmp_path / "comparison.json")

@@ -17,12 +17,27 @@ TINY_OPTIONS = {"max_new_tokens": 8, "max_calls": 2}
 POLICY = {"model": "tiny-qwen3", "weights_seed": 0, "checkpoint": None}
 
 
-def key_for(env_id: str = "ClawGymBench-WhiteBox", *, policy: dict | None = None, count: int = 2, seed: int = 0,
-            repeats: int = 1, temperature: float | None = 1.0, **options: object) -> EvalKey:  # fmt: skip
+def key_for(
+    env_id: str = "ClawGymBench-WhiteBox",
+    *,
+    policy: dict | None = None,
+    count: int = 2,
+    seed: int = 0,
+    repeats: int = 1,
+    temperature: float | None = 1.0,
+    **options: object,
+) -> EvalKey:
     env = clawgym_env.make(env_id, split="test", **{**TINY_OPTIONS, **options})
     tasks = select_tasks(env, level=0, count=count, seed=seed)
-    return EvalKey.for_envs("evaluate", policy=policy or POLICY, envs=[env], tasks=[tasks], repeats=repeats,
-                            sampling_seed=seed, temperature=temperature)  # fmt: skip
+    return EvalKey.for_envs(
+        "evaluate",
+        policy=policy or POLICY,
+        envs=[env],
+        tasks=[tasks],
+        repeats=repeats,
+        sampling_seed=seed,
+        temperature=temperature,
+    )
 
 
 def test_a_stored_key_is_hit_and_every_changed_part_misses(tmp_path: Path) -> None:
@@ -104,11 +119,23 @@ def test_the_trainers_start_evaluation_is_reused_across_runs(tmp_path: Path) -> 
     from trainers.main import compose
 
     def run(name: str, *extra: str) -> dict:
-        cfg = compose([
-            "model=tiny-qwen3", "env=clawgym_whitebox", f"run_dir={tmp_path / name}", "steps=0", "optim.total_steps=1", "env.eval_tasks=1",
-            "eval.repeats=1", "env.options.max_new_tokens=8", "env.options.max_calls=2", "logging.progress=false",
-            "logging.tensorboard=false", f"eval.cache_dir={tmp_path / 'eval-cache'}", *extra,
-        ])  # fmt: skip
+        cfg = compose(
+            [
+                "model=tiny-qwen3",
+                "env=clawgym_whitebox",
+                f"run_dir={tmp_path / name}",
+                "steps=0",
+                "optim.total_steps=1",
+                "env.eval_tasks=1",
+                "eval.repeats=1",
+                "env.options.max_new_tokens=8",
+                "env.options.max_calls=2",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                f"eval.cache_dir={tmp_path / 'eval-cache'}",
+                *extra,
+            ]
+        )
         return train(cfg)
 
     first = run("grpo")

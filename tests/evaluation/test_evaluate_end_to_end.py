@@ -26,9 +26,16 @@ ENVS = ["ClawGymBench-WhiteBox", "ClawGymBench-Pi"]
 @pytest.mark.parametrize(("mode", "reward"), [("reference", 1.0), ("wrong", 0.5)])
 def test_reference_and_wrong_solutions_through_whitebox_and_pi(tmp_path: Path, mode: str, reward: float) -> None:
     report = evaluate(
-        ScriptedReferencePolicies(mode), ENVS, split="test", level=0, count=2, repeats=2, concurrency=3,
-        run_dir=tmp_path, progress=False,
-    )  # fmt: skip
+        ScriptedReferencePolicies(mode),
+        ENVS,
+        split="test",
+        level=0,
+        count=2,
+        repeats=2,
+        concurrency=3,
+        run_dir=tmp_path,
+        progress=False,
+    )
     assert len(report.rows) == 2 * 2 * 2  # envs x tasks x repeats
     assert {(r.env_id, r.repeat) for r in report.rows} == {(e, i) for e in ENVS for i in (0, 1)}
     for r in report.rows:
@@ -67,9 +74,14 @@ def test_real_tiny_model_through_the_whitebox_loop(tmp_path: Path) -> None:
 
     policy = make_policy("tiny-qwen3", name="tiny-qwen3")
     report = evaluate(
-        policy, ["ClawGymBench-WhiteBox"], level=0, count=1, run_dir=tmp_path, progress=False,
+        policy,
+        ["ClawGymBench-WhiteBox"],
+        level=0,
+        count=1,
+        run_dir=tmp_path,
+        progress=False,
         env_overrides={"max_new_tokens": 12, "max_calls": 2},
-    )  # fmt: skip
+    )
     (r,) = report.rows
     assert report.config.model == "tiny-qwen3"
     assert r.num_calls >= 1 and r.generated_tokens >= 1  # the random model really generated through the loop
@@ -109,18 +121,31 @@ def test_select_tasks_filters_a_list_suite_by_level_and_count() -> None:
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "160"}
     return subprocess.run(
-        [sys.executable, "-m", "clawgym_cli", "evaluate", *args], cwd=cwd, env=env, capture_output=True,
-        text=True, timeout=240,
-    )  # fmt: skip
+        [sys.executable, "-m", "clawgym_cli", "evaluate", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.mark.harness
 def test_documented_evaluation_command_runs_a_bundled_suite_through_a_harness(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_cli(
-        "ClawGymBench-WhiteBox", "ClawGymBench-ClaudeCode", "--model", "scripted:reference", "--level", "0",
-        "--count", "2", "--out", str(out), cwd=tmp_path,
-    )  # fmt: skip
+        "ClawGymBench-WhiteBox",
+        "ClawGymBench-ClaudeCode",
+        "--model",
+        "scripted:reference",
+        "--level",
+        "0",
+        "--count",
+        "2",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for text in ("ClawGymBench-WhiteBox", "ClawGymBench-ClaudeCode", "mean reward [95% CI]", "per category"):
         assert text in proc.stdout
@@ -135,8 +160,18 @@ def test_documented_evaluation_command_runs_a_bundled_suite_through_a_harness(tm
 
 @pytest.mark.harness
 def test_evaluation_command_wrong_solution_gets_only_half_credit_and_unknown_env_fails(tmp_path: Path) -> None:
-    proc = run_cli("ClawGymBench-Codex", "--model", "scripted:wrong", "--level", "0", "--count", "2",
-                   "--out", str(tmp_path / "w"), cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        "ClawGymBench-Codex",
+        "--model",
+        "scripted:wrong",
+        "--level",
+        "0",
+        "--count",
+        "2",
+        "--out",
+        str(tmp_path / "w"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = EvalReport.load(tmp_path / "w" / "results.json").by_env["ClawGymBench-Codex"]
     assert report.mean_reward == 0.5 and report.success_rate == 0.0  # the right file, the wrong content

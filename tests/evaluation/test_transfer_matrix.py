@@ -66,7 +66,10 @@ def test_each_arm_trains_through_its_harnesses_with_the_main_recipe(tmp_path: Pa
 
 
 def means(report: MatrixReport) -> dict[str, dict[str, tuple]]:
-    return {a: {h: (c.before_mean, c.after_mean, c.noise, c.seeds) for h, c in row.items()} for a, row in report.cells.items()}
+    return {
+        a: {h: (c.before_mean, c.after_mean, c.noise, c.seeds) for h, c in row.items()}
+        for a, row in report.cells.items()
+    }
 
 
 @pytest.mark.harness

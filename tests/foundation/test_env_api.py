@@ -73,7 +73,9 @@ def test_import_guard_detects_a_shadowing_package(tmp_path, monkeypatch):
 def test_cli_lists_environments():
     out = subprocess.run(
         [sys.executable, "-m", "clawgym_cli", "list", "--json", "--suite", "OfficeQA"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert '"OfficeQA-ClaudeCode"' in out and "JobBench" not in out
 
@@ -83,7 +85,10 @@ def test_cli_tables_keep_their_columns_when_piped():
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     out = subprocess.run(
         [sys.executable, "-m", "clawgym_cli", "list", "--suite", "ClawGymBench"],
-        capture_output=True, text=True, check=True, env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     ).stdout
     rows = [line for line in out.splitlines() if "ClawGymBench-" in line]
     styles = [style.value for style in clawgym_env.ApiStyle]

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from trainers.main_job import main_job_overrides
 from trainers.main import compose
+from trainers.main_job import main_job_overrides
 
 
 def test_presets_compose_to_valid_configs(tmp_path):
@@ -25,7 +25,9 @@ def run_quick_main(run_dir, *options: str) -> tuple[str, dict]:
     """`clawgym main --quick [options]` as a subprocess: its stdout and its report.json."""
     out = subprocess.run(
         [sys.executable, "-m", "clawgym_cli", "main", "--quick", *options, "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout, json.loads((run_dir / "report.json").read_text())
@@ -60,8 +62,9 @@ def test_main_job_options_train_mixed_harnesses_and_the_whitebox_baseline(tmp_pa
 
 def test_report_lists_failure_reasons(tmp_path):
     """A run whose rollouts fail says why in its summary table, not only how many."""
-    from trainers.main_job import build_report, render_report
     from rich.console import Console
+
+    from trainers.main_job import build_report, render_report
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "train", "rollouts": 2, "rollouts_failed": 2}) + "\n")
     summary = {"steps": 1, "failures": {"sandbox": {"SandboxError: did not start": 2}}}

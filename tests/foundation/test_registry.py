@@ -12,7 +12,9 @@ from clawgym_env.specs import ApiStyle
 
 
 def _task(task_id: str = "t0", **kw) -> TaskSpec:
-    return TaskSpec(id=task_id, instruction="write hi to a.txt", workspace={"in.txt": "x"}, verifier=lambda p: 1.0, **kw)
+    return TaskSpec(
+        id=task_id, instruction="write hi to a.txt", workspace={"in.txt": "x"}, verifier=lambda p: 1.0, **kw
+    )
 
 
 def test_builtin_pairs_registered_at_import():

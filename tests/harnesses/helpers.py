@@ -13,7 +13,17 @@ from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
 from harness_adapters.tool_calls import tool_call, write_file_call
 
-__all__ = ["ANSWER", "ANSWER_FILE", "one_rollout", "renderer", "scripted_policy", "tokenizer", "tool_call", "write_call", "write_task"]
+__all__ = [
+    "ANSWER",
+    "ANSWER_FILE",
+    "one_rollout",
+    "renderer",
+    "scripted_policy",
+    "tokenizer",
+    "tool_call",
+    "write_call",
+    "write_task",
+]
 
 ANSWER_FILE = "answer.txt"
 ANSWER = "42"
@@ -65,6 +75,10 @@ async def one_rollout(adapter: Any, policy: Policy, task: TaskSpec | None = None
     """One rollout through the real proxy and the local sandbox, composed by clawgym_env.rollout."""
     async with serving_stack() as stack:
         return await run_rollout(
-            task=task or write_task(), adapter=adapter, policy=policy, backend=stack.backend, proxy=stack.proxy,
+            task=task or write_task(),
+            adapter=adapter,
+            policy=policy,
+            backend=stack.backend,
+            proxy=stack.proxy,
             options=EnvOptions(**options),
-        )  # fmt: skip
+        )

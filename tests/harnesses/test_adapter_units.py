@@ -24,8 +24,14 @@ class SandboxStub:
 
 
 def ctx() -> HarnessContext:
-    return HarnessContext(sandbox=SandboxStub(), task=write_task(), base_url="http://127.0.0.1:9/rollouts/r1",
-                          api_key="sk-test", model_name="policy", timeout_s=60)  # type: ignore[arg-type]
+    return HarnessContext(
+        sandbox=SandboxStub(),
+        task=write_task(),
+        base_url="http://127.0.0.1:9/rollouts/r1",
+        api_key="sk-test",
+        model_name="policy",
+        timeout_s=60,
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("adapter", [ClaudeCodeAdapter, OpenClawAdapter, CodexAdapter, PiAdapter])
@@ -55,8 +61,14 @@ def test_claude_code_waits_for_a_slow_first_token_as_long_as_the_rollout_may_run
     """Its client drops a call with no byte for 300 s (a queued 4k-token prefill on a loaded CPU took longer:
     all 8 first calls of a held-out evaluation were dropped at 303 s):
     the client timeouts follow the rollout's limit, never below Claude Code's own floor."""
-    slow = HarnessContext(sandbox=SandboxStub(), task=write_task(), base_url="http://127.0.0.1:9/rollouts/r1",
-                          api_key="sk-test", model_name="policy", timeout_s=1200)  # type: ignore[arg-type]
+    slow = HarnessContext(
+        sandbox=SandboxStub(),
+        task=write_task(),
+        base_url="http://127.0.0.1:9/rollouts/r1",
+        api_key="sk-test",
+        model_name="policy",
+        timeout_s=1200,
+    )  # type: ignore[arg-type]
     plan = ClaudeCodeAdapter().plan(slow, "/root/h")
     assert plan.env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == plan.env["API_TIMEOUT_MS"] == "1200000"
     assert plan.env["API_FORCE_IDLE_TIMEOUT"] == "0"  # Bun's own 300 s fetch timeout off
@@ -75,14 +87,22 @@ def test_codex_config_is_valid_toml_with_mcp_and_no_outbound_features() -> None:
     assert provider["wire_api"] == "responses" and provider["base_url"].endswith("/rollouts/r1/v1")
     assert plan.env[provider["env_key"]] == "sk-test"
     assert config["mcp_servers"]["search"] == {
-        "command": "/usr/bin/env", "args": ["A=1", "python3", "s.py"], "env": {"K": "v"},
-        "required": True, "startup_timeout_sec": 60,  # Codex waits for the server before its first call
-    }  # fmt: skip
+        "command": "/usr/bin/env",
+        "args": ["A=1", "python3", "s.py"],
+        "env": {"K": "v"},
+        "required": True,
+        "startup_timeout_sec": 60,  # Codex waits for the server before its first call
+    }
 
 
-@pytest.mark.parametrize(("style", "api", "suffix"), [
-    ("openai-responses", "openai-responses", "/v1"), ("openai-chat", "openai-completions", "/v1"),
-    ("anthropic-messages", "anthropic-messages", "/rollouts/r1")])
+@pytest.mark.parametrize(
+    ("style", "api", "suffix"),
+    [
+        ("openai-responses", "openai-responses", "/v1"),
+        ("openai-chat", "openai-completions", "/v1"),
+        ("anthropic-messages", "anthropic-messages", "/rollouts/r1"),
+    ],
+)
 def test_openclaw_config_per_api_style(style, api, suffix) -> None:
     plan = OpenClawAdapter(api_style=style).plan(ctx(), "/root/h")
     config = json.loads(plan.files["/root/h/openclaw.json"])
@@ -112,23 +132,37 @@ def test_mcp_server_coercion_errors() -> None:
 
 # --------------------------------------------------------------------------- success judged from events
 def test_pi_exit_zero_with_error_stop_reason_is_a_failure() -> None:
-    stdout = "\n".join(json.dumps(e) for e in [
-        {"type": "session"}, {"type": "agent_start"},
-        {"type": "agent_end", "messages": [{"role": "user", "content": []},
-         {"role": "assistant", "content": [], "stopReason": "error", "errorMessage": "500 engine down"}]}])
+    stdout = "\n".join(
+        json.dumps(e)
+        for e in [
+            {"type": "session"},
+            {"type": "agent_start"},
+            {
+                "type": "agent_end",
+                "messages": [
+                    {"role": "user", "content": []},
+                    {"role": "assistant", "content": [], "stopReason": "error", "errorMessage": "500 engine down"},
+                ],
+            },
+        ]
+    )
     parsed = PiAdapter().parse(stdout, "", 0)
     assert not parsed.success and "500 engine down" in parsed.error
 
 
 def test_claude_code_error_result_is_a_failure() -> None:
-    stdout = json.dumps({"type": "result", "subtype": "success", "is_error": True, "result": "API Error: 500", "num_turns": 1})
+    stdout = json.dumps(
+        {"type": "result", "subtype": "success", "is_error": True, "result": "API Error: 500", "num_turns": 1}
+    )
     parsed = ClaudeCodeAdapter().parse(stdout, "", 1)
     assert not parsed.success and "API Error: 500" in parsed.error
     assert not ClaudeCodeAdapter().parse("", "boom", 1).success
 
 
 def test_codex_turn_failed_is_a_failure_even_with_exit_zero() -> None:
-    stdout = "\n".join(json.dumps(e) for e in [{"type": "turn.started"}, {"type": "turn.failed", "error": {"message": "x"}}])
+    stdout = "\n".join(
+        json.dumps(e) for e in [{"type": "turn.started"}, {"type": "turn.failed", "error": {"message": "x"}}]
+    )
     assert not CodexAdapter().parse(stdout, "", 0).success
 
 
@@ -156,9 +190,10 @@ def test_one_write_tool_call_per_harness():
     for harness, tool in WRITE_TOOL.items():
         assert parsed(write_file_call(harness, "/w/a.txt", "x"))["name"] == tool
     assert parsed(write_file_call_for_tools({"Read", "Write", "Bash"}, "/w/a.txt", "x"))["arguments"] == {
-        "file_path": "/w/a.txt", "content": "x"
-    }  # fmt: skip
-    tricky = "it's $HOME `and` \"quotes\"\n"
+        "file_path": "/w/a.txt",
+        "content": "x",
+    }
+    tricky = 'it\'s $HOME `and` "quotes"\n'
     shell = parsed(write_file_call_for_tools({"exec_command"}, "/w/a.txt", tricky, "/w"))["arguments"]["cmd"]
     assert base64.b64decode(re.search(r"printf '%s' '([A-Za-z0-9+/=]+)'", shell).group(1)).decode() == tricky
     assert parsed(write_file_call_for_tools({"bash"}, "/w/a.txt", "x"))["name"] == "bash"

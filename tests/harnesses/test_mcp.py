@@ -54,10 +54,13 @@ async def test_codex_calls_a_tool_served_over_mcp_inside_the_sandbox() -> None:
     assert "mcp__workspace_search" in [t["name"] for t in namespaces]
     # Codex dispatched the call to the MCP server (not as an unknown function) ...
     mcp_items = [
-        e["item"] for e in result.harness_result.events
+        e["item"]
+        for e in result.harness_result.events
         if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "mcp_tool_call"
-    ]  # fmt: skip
-    assert [(i["server"], i["tool"], i["status"]) for i in mcp_items] == [("workspace_search", "search_workspace", "completed")]
+    ]
+    assert [(i["server"], i["tool"], i["status"]) for i in mcp_items] == [
+        ("workspace_search", "search_workspace", "completed")
+    ]
     # ... echoed it back with its namespace, and the server's answer reached the model's next prompt
     echoed = next(i for i in result.calls[1].request["input"] if i.get("type") == "function_call")
     assert (echoed["namespace"], echoed["name"]) == ("mcp__workspace_search", "search_workspace")

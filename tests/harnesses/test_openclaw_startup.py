@@ -14,8 +14,14 @@ class SandboxStub:
 
 
 def ctx() -> HarnessContext:
-    return HarnessContext(sandbox=SandboxStub(), task=write_task(), base_url="http://127.0.0.1:9/rollouts/r1",
-                          api_key="sk-test", model_name="policy", timeout_s=60)  # type: ignore[arg-type]  # fmt: skip
+    return HarnessContext(
+        sandbox=SandboxStub(),
+        task=write_task(),
+        base_url="http://127.0.0.1:9/rollouts/r1",
+        api_key="sk-test",
+        model_name="policy",
+        timeout_s=60,
+    )  # type: ignore[arg-type]
 
 
 def test_compile_cache_env_only_when_the_cache_is_built(tmp_path) -> None:

@@ -6,7 +6,15 @@ import pytest
 
 from harness_adapters.skyrl_env import WhiteBoxTextEnv
 from harness_adapters.whitebox import WhiteBoxAdapter
-from tests.harnesses.helpers import ANSWER_FILE, one_rollout, scripted_policy, tokenizer, tool_call, write_call, write_task
+from tests.harnesses.helpers import (
+    ANSWER_FILE,
+    one_rollout,
+    scripted_policy,
+    tokenizer,
+    tool_call,
+    write_call,
+    write_task,
+)
 
 FINAL = "Done."
 

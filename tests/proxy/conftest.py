@@ -38,7 +38,9 @@ def renderer(tokenizer):
 @pytest.fixture
 def scripted_policy(tokenizer, renderer):
     def make(completions, name: str = "policy", max_context: int = 32_768) -> Policy:
-        return Policy(engine=ScriptedTestEngine(tokenizer, completions), renderer=renderer, name=name, max_context=max_context)
+        return Policy(
+            engine=ScriptedTestEngine(tokenizer, completions), renderer=renderer, name=name, max_context=max_context
+        )
 
     return make
 

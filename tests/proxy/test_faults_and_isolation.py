@@ -56,13 +56,15 @@ async def post(proxy, route, path, body, **kw) -> httpx.Response:
         return await client.post(path, json=body, headers=kw.pop("headers", headers(route)), **kw)
 
 
-async def test_unknown_rollout_404_closed_410_wrong_key_401(proxy, scripted_policy):
+async def test_unknown_rollout_and_wrong_key_401_closed_410(proxy, scripted_policy):
     a = proxy.open_rollout("a", scripted_policy(["A"] * 5))
     b = proxy.open_rollout("b", scripted_policy(["B"] * 5))
     async with httpx.AsyncClient(base_url=proxy.origin) as client:
+        # an unknown rollout answers like a wrong key, so a caller cannot tell which rollouts are open
         r = await client.post("/rollouts/nope" + MESSAGES, json=GOOD[MESSAGES], headers=headers(a))
-        assert r.status_code == 404
-        assert r.json() == {"type": "error", "error": {"type": "not_found_error", "message": "no rollout 'nope' on this proxy"}}
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+        assert "no such open rollout" in r.json()["error"]["message"]
         # the other rollout's key, in both header styles, and no key at all
         for h in ({"x-api-key": b.api_key}, {"authorization": f"Bearer {b.api_key}"}, {}):
             r = await client.post("/rollouts/a" + CHAT, json=GOOD[CHAT], headers=h)
@@ -111,7 +113,9 @@ async def test_body_that_is_not_json_gets_400(proxy, scripted_policy):
 
 async def test_call_cap_is_a_fast_non_retryable_error(proxy, scripted_policy):
     route = proxy.open_rollout("loop", scripted_policy(["again"] * 10), RolloutLimits(max_calls=2))
-    async with anthropic.AsyncAnthropic(base_url=proxy.base_url(route), api_key=route.api_key) as client:  # SDK retries on
+    async with anthropic.AsyncAnthropic(
+        base_url=proxy.base_url(route), api_key=route.api_key
+    ) as client:  # SDK retries on
         for _ in range(2):
             await client.messages.create(**GOOD[MESSAGES])
         started = time.perf_counter()
@@ -148,7 +152,9 @@ async def test_engine_timeout_and_failure_are_recorded_and_non_retryable(tmp_pat
         assert r.status_code == 400 and r.json()["error"]["code"] == "engine_timeout"
         await asyncio.sleep(0)
         assert slow.cancelled == 1  # the engine's slot was freed
-        broken = proxy.open_rollout("broken", Policy(engine=SlowTestEngine(0, fail=RuntimeError("CUDA fell over")), renderer=renderer))
+        broken = proxy.open_rollout(
+            "broken", Policy(engine=SlowTestEngine(0, fail=RuntimeError("CUDA fell over")), renderer=renderer)
+        )
         r = await post(proxy, broken, MESSAGES, GOOD[MESSAGES])
         assert r.status_code == 400 and "CUDA fell over" in r.json()["error"]["message"]
         log = proxy.log_path
@@ -160,7 +166,9 @@ async def test_client_disconnect_frees_the_engine_and_is_recorded(proxy, rendere
     slow = SlowTestEngine(delay_s=30)
     route = proxy.open_rollout("gone", Policy(engine=slow, renderer=renderer))
     async with httpx.AsyncClient(base_url=proxy.base_url(route)) as client:
-        task = asyncio.create_task(client.post(MESSAGES, json={**GOOD[MESSAGES], "stream": True}, headers=headers(route)))
+        task = asyncio.create_task(
+            client.post(MESSAGES, json={**GOOD[MESSAGES], "stream": True}, headers=headers(route))
+        )
         await asyncio.sleep(0.3)
         task.cancel()  # the harness hangs up mid-stream
         with pytest.raises(asyncio.CancelledError):
@@ -181,7 +189,9 @@ async def test_concurrent_rollouts_never_see_each_other(proxy, scripted_policy):
         out = []
         async with openai.AsyncOpenAI(base_url=proxy.base_url(route) + "/v1", api_key=route.api_key) as client:
             for turn in range(3):
-                c = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": f"rollout {i} turn {turn}"}])
+                c = await client.chat.completions.create(
+                    model="p", messages=[{"role": "user", "content": f"rollout {i} turn {turn}"}]
+                )
                 out.append(c.choices[0].message.content)
         return out
 
@@ -200,11 +210,17 @@ async def test_models_head_count_tokens_and_openapi(proxy, scripted_policy, rend
     async with httpx.AsyncClient(base_url=proxy.origin) as client:
         assert (await client.head("/")).status_code == 200
         assert (await client.head("/rollouts/meta")).status_code == 200
-        assert (await client.head("/rollouts/other")).status_code == 404
+        assert (await client.head("/rollouts/other")).status_code == 200  # HEAD tells nothing about rollouts
         schema = (await client.get("/openapi.json")).json()
     paths = schema["paths"]
-    assert {"/rollouts/{rollout_id}/v1/messages", "/rollouts/{rollout_id}/v1/chat/completions", "/rollouts/{rollout_id}/v1/responses"} <= set(paths)
-    body_ref = paths["/rollouts/{rollout_id}/v1/messages"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert {
+        "/rollouts/{rollout_id}/v1/messages",
+        "/rollouts/{rollout_id}/v1/chat/completions",
+        "/rollouts/{rollout_id}/v1/responses",
+    } <= set(paths)
+    body_ref = paths["/rollouts/{rollout_id}/v1/messages"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]["$ref"]
     assert body_ref.split("/")[-1] in schema["components"]["schemas"]
 
     async with openai.AsyncOpenAI(base_url=proxy.base_url(route) + "/v1", api_key=route.api_key) as oa:

@@ -21,7 +21,19 @@ def test_sigkill_mid_run_loses_no_completed_call(tmp_path: Path):
     script.write_text(json.dumps([tagged("ls", {"dir": "."}), "done"]))
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clawgym_env.proxy", "--run-dir", str(run_dir), "--port", "0", "--rollout", "r1", "--script", str(script)],
+        [
+            sys.executable,
+            "-m",
+            "clawgym_env.proxy",
+            "--run-dir",
+            str(run_dir),
+            "--port",
+            "0",
+            "--rollout",
+            "r1",
+            "--script",
+            str(script),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -45,7 +57,8 @@ def test_sigkill_mid_run_loses_no_completed_call(tmp_path: Path):
         with socket.create_connection((host, int(port))) as raw:
             raw.sendall(
                 f"POST {route['path_prefix']}/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                f"authorization: Bearer {route['api_key']}\r\ncontent-length: {len(payload)}\r\n\r\n".encode() + payload
+                f"authorization: Bearer {route['api_key']}\r\ncontent-length: {len(payload)}\r\n\r\n".encode()
+                + payload
             )
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -58,5 +71,8 @@ def test_sigkill_mid_run_loses_no_completed_call(tmp_path: Path):
     assert len(calls) >= 3, "a completed call was lost"
     assert [c.call_index for c in calls[:3]] == [0, 1, 2]
     assert all(c.error is None and c.rollout_id == "r1" and c.generated_ids for c in calls[:3])
+    # the client read the first answers whole; a call in flight at the kill (its reply never read) says it was not
+    assert [c.delivered for c in calls[:2]] == [True, True]
+    assert all(c.delivered is False for c in calls[3:])
     assert calls[0].request["messages"][0]["content"] == "call 0"
     assert calls[1].streamed and "ls" in answers[0]

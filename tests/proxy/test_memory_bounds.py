@@ -38,7 +38,9 @@ async def serve_one(client: httpx.AsyncClient, proxy: ServingProxy, rollout_id: 
     assert first.status_code == 200, first.text
     turn = first.json()["choices"][0]["message"]
     result = {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "ok"}
-    second = await client.post(url, json={"model": "policy", "messages": [SYSTEM, USER, turn, result], "tools": TOOLS}, headers=key)
+    second = await client.post(
+        url, json={"model": "policy", "messages": [SYSTEM, USER, turn, result], "tools": TOOLS}, headers=key
+    )
     assert second.status_code == 200 and second.json()["choices"][0]["message"]["content"] == "Done."
     assert len(proxy.close_rollout(rollout_id)) == 2
     return state, memory
@@ -63,21 +65,31 @@ async def test_closed_rollouts_leave_nothing_but_a_bounded_stats_table(tmp_path,
             refs = await serve_round(client, proxy, policy, "warm", 10)
             gc.collect()
             assert [r for r in refs if r() is not None] == []  # every closed state and its splice memory dropped
-            baseline = {"tables": proxy.table_sizes(), "blocks": len(policy.renderer._cache), "tasks": await settled_task_count()}
+            baseline = {
+                "tables": proxy.table_sizes(),
+                "blocks": len(policy.renderer._cache),
+                "tasks": await settled_task_count(),
+            }
             assert baseline["tables"] == {"open": 0, "closed_stats": KEEP_CLOSED}
 
             refs = await serve_round(client, proxy, policy, "more", 30)
             gc.collect()
             assert [r for r in refs if r() is not None] == []
-            after = {"tables": proxy.table_sizes(), "blocks": len(policy.renderer._cache), "tasks": await settled_task_count()}
+            after = {
+                "tables": proxy.table_sizes(),
+                "blocks": len(policy.renderer._cache),
+                "tasks": await settled_task_count(),
+            }
             assert after == baseline
             assert proxy.closed_count == 40
 
-            # the latest closed rollouts still answer stats() and 410; older ones are forgotten (404)
+            # the latest closed rollouts still answer stats() (and 410 to their own key); older ones are forgotten
             assert proxy.stats("more29").completed_calls == 2 and proxy.stats("more29").spliced_turns == 1
             with pytest.raises(KeyError, match="latest 8"):
                 proxy.stats("warm0")
             body = {"model": "policy", "messages": [USER]}
-            assert (await client.post("/rollouts/more29/v1/chat/completions", json=body)).status_code == 410
-            assert (await client.post("/rollouts/warm0/v1/chat/completions", json=body)).status_code == 404
-            assert (await client.get("/health")).json() == {"status": "ok", "open_rollouts": 0, "closed_rollouts": 40}
+            # without its key, a closed or forgotten rollout answers like any other route (nothing disclosed)
+            assert (await client.post("/rollouts/more29/v1/chat/completions", json=body)).status_code == 401
+            assert (await client.post("/rollouts/warm0/v1/chat/completions", json=body)).status_code == 401
+            assert (await client.get("/health")).json() == {"status": "ok"}
+            assert len(proxy._closed_keys) == KEEP_CLOSED and proxy._in_flight == {}

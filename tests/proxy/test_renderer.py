@@ -8,7 +8,13 @@ import pytest
 
 from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter, ResponsesAdapter
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec, canonical_arguments
-from clawgym_env.proxy.renderers import ChatMLRenderer, EchoContext, SplicedTurn, TemplateMismatch, parse_generation_text
+from clawgym_env.proxy.renderers import (
+    ChatMLRenderer,
+    EchoContext,
+    SplicedTurn,
+    TemplateMismatch,
+    parse_generation_text,
+)
 from clawgym_env.proxy.renderers.chatml import probe_conversations
 from clawgym_env.proxy.splice import GenerationMemory, strip_leading_cd
 from tests.proxy.conftest import WRITE_SCHEMA
@@ -22,17 +28,34 @@ CLAUDE_CODE_LIKE = {
     ],
     "tools": [{"name": "Write", "description": "Write a file ✓", "input_schema": WRITE_SCHEMA}],
     "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"}, {"type": "text", "text": "go"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                {"type": "text", "text": "go"},
+            ],
+        },
         {"role": "system", "content": "Agent types: general."},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "plan", "signature": "fakesig=="},
-            {"type": "text", "text": "Writing."},
-            {"type": "tool_use", "id": "toolu_1", "name": "Write", "input": {"file_path": "/a", "content": "\n\nhi"}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "ok"}]},
-            {"type": "text", "text": "continue", "cache_control": {"type": "ephemeral"}},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "plan", "signature": "fakesig=="},
+                {"type": "text", "text": "Writing."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "Write",
+                    "input": {"file_path": "/a", "content": "\n\nhi"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "ok"}]},
+                {"type": "text", "text": "continue", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
     ],
 }
 CHAT_LIKE = {
@@ -40,10 +63,22 @@ CHAT_LIKE = {
     "messages": [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": [{"type": "text", "text": "do it"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "write", "arguments": '{"path":"p","content":"c"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "write", "arguments": '{"path":"q","content":"d"}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "write", "arguments": '{"path":"p","content":"c"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "write", "arguments": '{"path":"q","content":"d"}'},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "ok1"},
         {"role": "tool", "tool_call_id": "c2", "content": "ok2"},
         {"role": "developer", "content": "late note"},
@@ -76,6 +111,16 @@ def test_block_rendering_equals_the_tokenizers_chat_template(renderer, tokenizer
     assert rendered.prompt_ids == expected
     assert rendered.segments[0].start == 0 and rendered.segments[-1].end == len(expected)
     assert all(a.end == b.start for a, b in zip(rendered.segments, rendered.segments[1:]))
+
+
+@pytest.mark.parametrize("conversation", probe_conversations(), ids=["sys+tools", "tools", "sys", "bare"])
+def test_the_control_token_safe_encoding_matches_the_one_pass_one(renderer, conversation):
+    """Blocks whose message text spells a control token take a second encoding path (template specials
+    only); without such text that path must give exactly the ids of the usual one-pass encoding."""
+    for _message, pieces in renderer._blocks(conversation):
+        one_pass = renderer._backend.encode("".join(p[0] for p in pieces), add_special_tokens=False)
+        ids, offsets = renderer._encode_template_specials_only(pieces)
+        assert ids == one_pass.ids and offsets == one_pass.offsets, pieces
 
 
 @pytest.mark.parametrize(
@@ -111,7 +156,9 @@ def test_splice_replaces_the_echoed_turn_with_the_recorded_ids(renderer, tokeniz
     # ids a re-tokenizer would never produce ("wr" + "ite" split), decoding to the same call
     raw_text = '<tool_call>\n{"name": "write", "arguments": {"content": "x", "path": "y"}}\n</tool_call>'
     cut = raw_text.index("write") + 2
-    generated = tokenizer.encode(raw_text[:cut], add_special_tokens=False) + tokenizer.encode(raw_text[cut:], add_special_tokens=False)
+    generated = tokenizer.encode(raw_text[:cut], add_special_tokens=False) + tokenizer.encode(
+        raw_text[cut:], add_special_tokens=False
+    )
     assert generated != tokenizer.encode(raw_text, add_special_tokens=False)
     generated.append(renderer.im_end_id)
     parsed = renderer.parse(generated, {"write"})
@@ -119,7 +166,9 @@ def test_splice_replaces_the_echoed_turn_with_the_recorded_ids(renderer, tokeniz
     memory = GenerationMemory()
     memory.remember(0, first.prompt_ids, generated, parsed, renderer.end_of_turn_id)
     echoed = Message("assistant", "", [ToolCall("write", '{"path":"y","content":"x"}', id="rewritten")])
-    second = renderer.render(Conversation([Message("user", "hi"), echoed, Message("tool", "ok")], user.tools), memory.find)
+    second = renderer.render(
+        Conversation([Message("user", "hi"), echoed, Message("tool", "ok")], user.tools), memory.find
+    )
     assert second.prompt_ids[: len(first.prompt_ids) + len(generated)] == first.prompt_ids + generated
     assert second.drift_events == 0 and second.spliced_turns == 1
 
@@ -148,7 +197,9 @@ def run_repeated_calls(renderer, tokenizer, edit_task: bool = False):
         generated = generate(renderer, tokenizer, text)
         parsed = renderer.parse(generated, {"list_dir"})
         assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("list_dir", {"path": "/work"})]
-        memory.remember(index, rendered.prompt_ids, generated, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns)
+        memory.remember(
+            index, rendered.prompt_ids, generated, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns
+        )
         prompts.append(rendered.prompt_ids)
         generations.append(generated)
         messages += [echo_of(parsed), Message("tool", "a.txt")]
@@ -226,12 +277,32 @@ def test_strip_leading_cd(command, echo):
 @pytest.mark.parametrize(
     "text,fmt,calls,rest",
     [
-        ('Sure.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>', "tagged", [("a", {"x": 1})], "Sure."),
-        ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>', "tagged", [("a", {"x": 1}), ("b", {})], ""),
+        (
+            'Sure.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>',
+            "tagged",
+            [("a", {"x": 1})],
+            "Sure.",
+        ),
+        (
+            '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>',
+            "tagged",
+            [("a", {"x": 1}), ("b", {})],
+            "",
+        ),
         ('```json\n{"name": "a", "arguments": {"x": 1}}\n```', "fenced_json", [("a", {"x": 1})], ""),
-        ('I will call it.\n```json\n[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]\n```', "fenced_json", [("a", {}), ("b", {})], "I will call it."),
+        (
+            'I will call it.\n```json\n[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]\n```',
+            "fenced_json",
+            [("a", {}), ("b", {})],
+            "I will call it.",
+        ),
         ('{"name": "a", "arguments": {"x": [1, 2]}}', "bare_json", [("a", {"x": [1, 2]})], ""),
-        ('{"name": "a", "parameters": {"x": 1}}\n{"name": "b", "arguments": {}}', "bare_json", [("a", {"x": 1}), ("b", {})], ""),
+        (
+            '{"name": "a", "parameters": {"x": 1}}\n{"name": "b", "arguments": {}}',
+            "bare_json",
+            [("a", {"x": 1}), ("b", {})],
+            "",
+        ),
     ],
 )
 def test_tool_call_formats(text, fmt, calls, rest):
@@ -243,7 +314,12 @@ def test_tool_call_formats(text, fmt, calls, rest):
 
 @pytest.mark.parametrize(
     "text",
-    ['{"name": "unknown_tool", "arguments": {}}', '{"answer": 42}', "```json\n{\"name\": \"a\"\n```", "Just text {not json}"],
+    [
+        '{"name": "unknown_tool", "arguments": {}}',
+        '{"answer": 42}',
+        '```json\n{"name": "a"\n```',
+        "Just text {not json}",
+    ],
 )
 def test_json_that_is_not_a_call_stays_text(text):
     parsed = parse_generation_text(text, {"a"})

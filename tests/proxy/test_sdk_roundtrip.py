@@ -44,7 +44,13 @@ async def drive_anthropic(client: anthropic.AsyncAnthropic, stream: bool, rewrit
     ]
     system = [{"type": "text", "text": "You are a careful agent."}, {"type": "text", "text": "Work in /ws."}]
     messages: list[dict[str, Any]] = [
-        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>today</system-reminder>"}, {"type": "text", "text": "Write a.txt"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>today</system-reminder>"},
+                {"type": "text", "text": "Write a.txt"},
+            ],
+        },
         {"role": "system", "content": "Agent types: none."},  # Claude Code's mid-conversation system message
     ]
     finals = []
@@ -115,7 +121,10 @@ async def drive_chat(client: openai.AsyncOpenAI, stream: bool, rewrite: bool) ->
             msg = completion.choices[0].message
             message = {
                 "content": msg.content,
-                "tool_calls": [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls or ()],
+                "tool_calls": [
+                    {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                    for c in msg.tool_calls or ()
+                ],
             }
             finals.append({"finish_reason": completion.choices[0].finish_reason, **message})
         echoed = {"role": "assistant", "content": message["content"]}
@@ -124,7 +133,10 @@ async def drive_chat(client: openai.AsyncOpenAI, stream: bool, rewrite: bool) ->
                 {
                     "id": rewrite_id(c["id"]) if rewrite else c["id"],
                     "type": "function",
-                    "function": {"name": c["name"], "arguments": reserialise(json.loads(c["arguments"])) if rewrite else c["arguments"]},
+                    "function": {
+                        "name": c["name"],
+                        "arguments": reserialise(json.loads(c["arguments"])) if rewrite else c["arguments"],
+                    },
                 }
                 for c in message["tool_calls"]
             ]
@@ -217,14 +229,22 @@ async def test_multi_turn_tool_calls_round_trip_and_extend_prefix(proxy, scripte
     assert all(c.error is None and c.streamed == stream for c in calls)
     for previous, current in zip(calls, calls[1:]):
         full = previous.full_ids
-        assert current.prompt_ids[: len(full)] == full, f"call {current.call_index} does not extend call {previous.call_index}"
+        assert current.prompt_ids[: len(full)] == full, (
+            f"call {current.call_index} does not extend call {previous.call_index}"
+        )
         assert current.drift_events == 0
         spliced = [s for s in current.segments if s.kind == "assistant_spliced"]
         assert [s.source_call for s in spliced] == list(range(current.call_index))
         assert current.prompt_ids[spliced[-1].start : spliced[-1].end] == previous.generated_ids
     assert first_arguments(api, finals[0]) == {"path": "a.txt", "content": "hi\nthere", "mode": 1.0}
     stats = proxy.stats(route.rollout_id)
-    assert (stats.calls, stats.completed_calls, stats.drift_events, stats.spliced_turns, stats.errors) == (3, 3, 0, 3, 0)
+    assert (stats.calls, stats.completed_calls, stats.drift_events, stats.spliced_turns, stats.errors) == (
+        3,
+        3,
+        0,
+        3,
+        0,
+    )
     # every completed call is already in the run's log
     logged = list(read_calls(proxy.log_path, route.rollout_id))
     assert [c.generated_ids for c in logged] == [c.generated_ids for c in calls]
@@ -236,14 +256,23 @@ async def test_openclaw_internal_context_moved_to_end_still_splices(proxy, scrip
     client = client_for("chat", proxy, route)
     await_close = client.close
     tools = [{"type": "function", "function": {"name": "write", "description": "w", "parameters": WRITE_SCHEMA}}]
-    context = {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> sessions: none <<<END_OPENCLAW_INTERNAL_CONTEXT>>>"}
+    context = {
+        "role": "user",
+        "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> sessions: none <<<END_OPENCLAW_INTERNAL_CONTEXT>>>",
+    }
     base = [{"role": "system", "content": "sys"}, {"role": "user", "content": "[Sun] write a"}]
     first = await client.chat.completions.create(model="policy/policy", messages=[*base, context], tools=tools)
     call = first.choices[0].message.tool_calls[0]
     echoed = {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": rewrite_id(call.id), "type": "function", "function": {"name": "write", "arguments": '{"content":"b","path":"a"}'}}],
+        "tool_calls": [
+            {
+                "id": rewrite_id(call.id),
+                "type": "function",
+                "function": {"name": "write", "arguments": '{"content":"b","path":"a"}'},
+            }
+        ],
     }
     tool = {"role": "tool", "tool_call_id": rewrite_id(call.id), "content": "done"}
     await client.chat.completions.create(model="policy/policy", messages=[*base, echoed, tool, context], tools=tools)
@@ -323,7 +352,9 @@ async def test_namespaced_responses_tools_are_flattened_and_called_back_by_names
             response = await responses_turn(client, stream, model="policy", input=items, tools=tools, store=False)
             calls = [i.model_dump(exclude_none=True) for i in response.output if i.type == "function_call"]
             items += [i.model_dump(exclude_none=True) for i in response.output]
-            items += [{"type": "function_call_output", "call_id": c["call_id"], "output": "notes.md:1: 42"} for c in calls]
+            items += [
+                {"type": "function_call_output", "call_id": c["call_id"], "output": "notes.md:1: 42"} for c in calls
+            ]
     first_call = items[1]
     assert (first_call["namespace"], first_call["name"]) == ("mcp__docs", "search")
     calls = proxy.close_rollout(route.rollout_id)

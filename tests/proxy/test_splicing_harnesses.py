@@ -48,7 +48,9 @@ def assert_one_branch(result, sources: list[int]) -> None:
     assert result.forest.stats.leaves == 1 and result.forest.stats.prefix_breaks == 0
 
 
-@pytest.mark.parametrize("harness", [pytest.param(h, marks=pytest.mark.slow) if h in SLOW else h for h in sorted(ADAPTERS)])
+@pytest.mark.parametrize(
+    "harness", [pytest.param(h, marks=pytest.mark.slow) if h in SLOW else h for h in sorted(ADAPTERS)]
+)
 async def test_repeated_call_in_two_raw_formats_through_the_cli(harness):
     tagged = write_call(harness, "42")
     policy = scripted_policy([bare(tagged), tagged, FINAL])
@@ -61,15 +63,21 @@ async def test_repeated_call_in_two_raw_formats_through_the_cli(harness):
 
 async def test_claude_code_cd_rewrite_through_the_cli():
     command = f"cd {DEFAULT_MOUNT_PATH} && printf 42 > answer.txt"
-    bash = "<tool_call>\n" + json.dumps({"name": "Bash", "arguments": {"command": command, "description": "Write it"}}) + "\n</tool_call>"
+    bash = (
+        "<tool_call>\n"
+        + json.dumps({"name": "Bash", "arguments": {"command": command, "description": "Write it"}})
+        + "\n</tool_call>"
+    )
     result = await one_rollout(ClaudeCodeAdapter(), scripted_policy([bash, FINAL]))
     assert result.status == "ok", result.failure
     assert result.reward == 1.0 and len(result.calls) == 2
     echoed = next(
         block["input"]["command"]
-        for m in result.calls[1].request["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)
-        for block in m["content"] if block.get("type") == "tool_use"
-    )  # fmt: skip
+        for m in result.calls[1].request["messages"]
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for block in m["content"]
+        if block.get("type") == "tool_use"
+    )
     assert echoed == "printf 42 > answer.txt"  # Claude Code 2.1.197 dropped `cd <workspace> && `
     assert result.calls[1].rewritten_turns == 1 and result.forest.stats.rewritten_turns == 1
     assert_one_branch(result, [0])

@@ -48,14 +48,19 @@ async def anthropic_loop(client: httpx.AsyncClient, url: str, key: str, turns: i
         if not uses:
             break
         messages.append({"role": "assistant", "content": body["content"]})
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": u["id"], "content": "a.txt"} for u in uses
-        ]})  # fmt: skip
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": u["id"], "content": "a.txt"} for u in uses],
+            }
+        )
     return bodies
 
 
 async def chat_loop(client: httpx.AsyncClient, url: str, key: str, turns: int, user: Any = TASK) -> list[dict]:
-    tools = [{"type": "function", "function": {"name": "list_dir", "description": "List a folder.", "parameters": SCHEMA}}]
+    tools = [
+        {"type": "function", "function": {"name": "list_dir", "description": "List a folder.", "parameters": SCHEMA}}
+    ]
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ""}]
     bodies = []
     for turn in range(turns):
@@ -108,7 +113,11 @@ def assert_each_call_extends_the_previous(calls: list[ModelCall]) -> None:
             f"call {current.call_index} shares only {current.prefix.shared if current.prefix else '?'} of call "
             f"{previous.call_index}'s {len(full)} ids"
         )
-        assert current.prefix is not None and current.prefix.extended and current.prefix.previous_call == previous.call_index
+        assert (
+            current.prefix is not None
+            and current.prefix.extended
+            and current.prefix.previous_call == previous.call_index
+        )
         assert current.drift_events == 0
 
 
@@ -167,7 +176,11 @@ async def test_claude_code_cd_rewrite_of_a_bash_echo_is_spliced_not_drift(proxy,
     url, headers = f"{route.path_prefix}/v1/messages", {"x-api-key": route.api_key}
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in /work?"}]
     async with httpx.AsyncClient(base_url=proxy.origin, timeout=30) as client:
-        first = (await client.post(url, json={"model": "p", "max_tokens": 99, "messages": messages, "tools": tools}, headers=headers)).json()
+        first = (
+            await client.post(
+                url, json={"model": "p", "max_tokens": 99, "messages": messages, "tools": tools}, headers=headers
+            )
+        ).json()
         use = next(b for b in first["content"] if b["type"] == "tool_use")
         assert use["input"]["command"] == "cd /work && ls -la"
         echoed = {**use, "input": {**use["input"], "command": "ls -la"}}  # what Claude Code sends back
@@ -175,7 +188,9 @@ async def test_claude_code_cd_rewrite_of_a_bash_echo_is_spliced_not_drift(proxy,
             {"role": "assistant", "content": [echoed]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "a.txt"}]},
         ]
-        second = await client.post(url, json={"model": "p", "max_tokens": 99, "messages": messages, "tools": tools}, headers=headers)
+        second = await client.post(
+            url, json={"model": "p", "max_tokens": 99, "messages": messages, "tools": tools}, headers=headers
+        )
         assert second.status_code == 200, second.text
     calls = proxy.close_rollout(route.rollout_id)
     assert_each_call_extends_the_previous(calls)

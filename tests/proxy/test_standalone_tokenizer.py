@@ -25,11 +25,13 @@ from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.proxy.server import ServingProxy
 
 QWEN3_ONLY = {151665: "<tool_response>", 151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
-TOOL_RUN = Conversation([
-    Message("user", "ls"),
-    Message("assistant", "", [ToolCall("ls", {})]),
-    Message("tool", "a.txt"),
-])  # fmt: skip
+TOOL_RUN = Conversation(
+    [
+        Message("user", "ls"),
+        Message("assistant", "", [ToolCall("ls", {})]),
+        Message("tool", "a.txt"),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,9 @@ async def test_a_policy_whose_renderer_has_another_vocabulary_is_refused(qwen25_
     from clawgym_env.engines.scripted import ScriptedTestEngine
 
     model_tokenizer = AutoTokenizer.from_pretrained(str(qwen25_style_model), local_files_only=True)
-    mismatched = Policy(engine=ScriptedTestEngine(model_tokenizer, ["x"]), renderer=ChatMLRenderer(load_qwen_tokenizer()))
+    mismatched = Policy(
+        engine=ScriptedTestEngine(model_tokenizer, ["x"]), renderer=ChatMLRenderer(load_qwen_tokenizer())
+    )
     proxy = ServingProxy(tmp_path / "run", port=0)
     with pytest.raises(ValueError, match="tokenize differently.*make_policy"):
         proxy.open_rollout("r", mismatched)
@@ -103,8 +107,21 @@ def test_standalone_proxy_process_records_the_models_own_ids(qwen25_style_model,
     """`python -m clawgym_env.proxy --engine <folder>`, a real process: a tool result reaches the engine as text."""
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cmd = [sys.executable, "-m", "clawgym_env.proxy", "--run-dir", str(run), "--port", "0", "--rollout", "r1",
-           "--engine", str(qwen25_style_model), "--max-new-tokens", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "clawgym_env.proxy",
+        "--run-dir",
+        str(run),
+        "--port",
+        "0",
+        "--rollout",
+        "r1",
+        "--engine",
+        str(qwen25_style_model),
+        "--max-new-tokens",
+        "4",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         info = json.loads(proc.stdout.readline() or "null") or pytest.fail(proc.stderr.read())
@@ -113,15 +130,20 @@ def test_standalone_proxy_process_records_the_models_own_ids(qwen25_style_model,
             "model": "policy",
             "messages": [
                 {"role": "user", "content": "ls"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}],
+                },
                 {"role": "tool", "tool_call_id": "c", "content": "a.txt"},
             ],
-        }  # fmt: skip
+        }
         r = httpx.post(
             f"{info['origin']}{route['path_prefix']}/v1/chat/completions",
-            json=body, headers={"authorization": f"Bearer {route['api_key']}"}, timeout=120,
-        )  # fmt: skip
+            json=body,
+            headers={"authorization": f"Bearer {route['api_key']}"},
+            timeout=120,
+        )
         assert r.status_code == 200, r.text
     finally:
         proc.kill()

@@ -43,7 +43,9 @@ def teacher_forced_logprobs(model, prompt_ids: list[int], generated_ids: list[in
 async def test_recorded_logprobs_equal_teacher_forced_recomputation(proxy, tiny_policy, tiny_model):
     route = proxy.open_rollout("tiny", tiny_policy, RolloutLimits(max_new_tokens=12))
     messages = [{"role": "system", "content": "You are tiny."}, {"role": "user", "content": "Say something."}]
-    async with openai.AsyncOpenAI(base_url=proxy.base_url(route) + "/v1", api_key=route.api_key, max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url(route) + "/v1", api_key=route.api_key, max_retries=0
+    ) as client:
         for turn in range(2):
             chunks = await client.chat.completions.create(model="tiny", messages=messages, stream=True)
             text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])

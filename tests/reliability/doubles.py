@@ -196,8 +196,12 @@ class FaultyHarnessTestDouble:
 
 
 def harness_spec() -> HarnessSpec:
-    return HarnessSpec(name=HARNESS_NAME, adapter=FaultyHarnessTestDouble, api_style=ApiStyle.OPENAI_CHAT,
-                       description="test double: a real process in the sandbox that misbehaves on purpose")  # fmt: skip
+    return HarnessSpec(
+        name=HARNESS_NAME,
+        adapter=FaultyHarnessTestDouble,
+        api_style=ApiStyle.OPENAI_CHAT,
+        description="test double: a real process in the sandbox that misbehaves on purpose",
+    )
 
 
 def answer_check(workspace: Any) -> float:
@@ -206,7 +210,11 @@ def answer_check(workspace: Any) -> float:
 
 
 def fault_task(
-    fault: str, index: int = 0, timeout_s: float = 60.0, marker: str = "", workspace: dict[str, str] | None = None,
+    fault: str,
+    index: int = 0,
+    timeout_s: float = 60.0,
+    marker: str = "",
+    workspace: dict[str, str] | None = None,
     **metadata: Any,
 ) -> TaskSpec:
     """A task for the faulty harness; `marker` goes into the instruction (engine doubles match on it)."""
@@ -240,7 +248,9 @@ def write_then_answer(prompt_text: str) -> str:
 
 
 def scripted_policy(rule: Any = write_then_answer, **kw: Any) -> Policy:
-    return Policy(engine=ScriptedTestEngine(tokenizer(), rule), renderer=ChatMLRenderer(tokenizer()), name="policy", **kw)
+    return Policy(
+        engine=ScriptedTestEngine(tokenizer(), rule), renderer=ChatMLRenderer(tokenizer()), name="policy", **kw
+    )
 
 
 class FaultyEngineTestDouble:

@@ -44,7 +44,9 @@ def test_one_batch_with_every_harness_fault_counts_each_and_goes_on(make_env, tm
     assert "exited with code -11" in crash.failure.reason or "code 139" in crash.failure.reason
     assert hang.status == "failed" and hang.failure.stage == "timeout" and "limit" in hang.failure.reason
     assert idle.status == "empty" and idle.failure.stage == "reconstruct" and "no model call" in idle.failure.reason
-    assert flood.status == "failed" and flood.failure.stage == "harness" and "cap of 5 model calls" in flood.failure.reason
+    assert (
+        flood.status == "failed" and flood.failure.stage == "harness" and "cap of 5 model calls" in flood.failure.reason
+    )
     assert elapsed < 40, "the hung harness held the batch past its limit"
 
     counts = env.runtime.failures.as_dict()
@@ -66,7 +68,11 @@ def test_training_style_loop_goes_on_after_faulty_batches(make_env):
     policy = doubles.scripted_policy()
     rewards = []
     for step in range(2):
-        tasks = [doubles.fault_task("crash", step), doubles.fault_task("hang", step, timeout_s=2), doubles.fault_task("ok", step)]
+        tasks = [
+            doubles.fault_task("crash", step),
+            doubles.fault_task("hang", step, timeout_s=2),
+            doubles.fault_task("ok", step),
+        ]
         results = env.runtime.run(_batch(env, policy, tasks))
         rewards.append([r.reward for r in results])
         assert [r.status for r in results] == ["failed", "failed", "ok"]
@@ -123,7 +129,11 @@ def test_score_capped_verifies_a_rollout_cut_at_its_call_cap(make_env):
     """With score_capped, the call cap truncates instead of failing: the workspace is still verified."""
     env = make_env(max_calls=3, score_capped=True)
     done = {"notes.md": "The answer is 42.\n", doubles.ANSWER_FILE: f"{doubles.ANSWER}\n"}
-    tasks = [doubles.fault_task("flood", 0, workspace=done), doubles.fault_task("flood", 1), doubles.fault_task("crash", 2)]
+    tasks = [
+        doubles.fault_task("flood", 0, workspace=done),
+        doubles.fault_task("flood", 1),
+        doubles.fault_task("crash", 2),
+    ]
     flood_done, flood_empty, crash = env.runtime.run(_batch(env, doubles.scripted_policy(), tasks))
     assert (flood_done.status, flood_done.truncated_by, flood_done.reward) == ("ok", "call_cap", 1.0)
     assert (flood_empty.status, flood_empty.truncated_by, flood_empty.reward) == ("ok", "call_cap", 0.0)

@@ -20,10 +20,17 @@ async def test_a_rollout_cannot_reach_another_rollouts_route_records_or_workspac
         proxy, backend = stack.proxy, stack.backend
         # the victim: a live rollout (one call made, then it waits) with a secret in its workspace
         victim_task = doubles.fault_task("hang", 0, timeout_s=6, workspace={"notes.md": "victim secret 7731\n"})
-        victim = asyncio.create_task(run_rollout(
-            task=victim_task, adapter=adapter, policy=policy, backend=backend, proxy=proxy,
-            options=EnvOptions(), rollout_id="victim",
-        ))  # fmt: skip
+        victim = asyncio.create_task(
+            run_rollout(
+                task=victim_task,
+                adapter=adapter,
+                policy=policy,
+                backend=backend,
+                proxy=proxy,
+                options=EnvOptions(),
+                rollout_id="victim",
+            )
+        )
         for _ in range(400):  # until the victim's harness has made its call and waits
             try:
                 if proxy.stats("victim").completed_calls:
@@ -47,9 +54,14 @@ async def test_a_rollout_cannot_reach_another_rollouts_route_records_or_workspac
         # the prober's own key stands in for "OWN" (it knows only its own key)
         attacker_task = doubles.fault_task("probe", 1, probe=probe)
         attacker = await run_rollout(
-            task=attacker_task, adapter=_OwnKeyProbe(), policy=policy, backend=backend, proxy=proxy,
-            options=EnvOptions(), rollout_id="attacker",
-        )  # fmt: skip
+            task=attacker_task,
+            adapter=_OwnKeyProbe(),
+            policy=policy,
+            backend=backend,
+            proxy=proxy,
+            options=EnvOptions(),
+            rollout_id="attacker",
+        )
         # checked while the victim is still alive
         assert not victim.done()
         assert (victim_ws / "notes.md").read_text() == "victim secret 7731\n"

@@ -96,10 +96,16 @@ async def test_engine_timeout_marks_the_rollout_and_the_next_one_succeeds(tmp_pa
     async with serving_stack(run_dir, engine_timeout_s=0.5, backend_options={"root": sandbox_root}) as stack:
         proxy, results = stack.proxy, []
         for i, marker in enumerate([" STALL", "", ""]):
-            results.append(await run_rollout(
-                task=doubles.fault_task("ok", i, marker=marker), adapter=adapter, policy=policy,
-                backend=stack.backend, proxy=proxy, options=EnvOptions(),
-            ))  # fmt: skip
+            results.append(
+                await run_rollout(
+                    task=doubles.fault_task("ok", i, marker=marker),
+                    adapter=adapter,
+                    policy=policy,
+                    backend=stack.backend,
+                    proxy=proxy,
+                    options=EnvOptions(),
+                )
+            )
         stalled, *later = results
         assert stalled.status == "failed" and stalled.failure.stage == "harness"
         assert "did not answer within 0.5 s" in stalled.failure.reason  # the proxy's message, surfaced by the harness
@@ -112,7 +118,17 @@ async def test_engine_timeout_marks_the_rollout_and_the_next_one_succeeds(tmp_pa
 
 # ------------------------------------------------------------------------------- proxy restart
 def _start_proxy(run_dir: Path, script: Path, rollouts: list[str]) -> tuple[subprocess.Popen, dict]:
-    argv = [sys.executable, "-m", "clawgym_env.proxy", "--run-dir", str(run_dir), "--port", "0", "--script", str(script)]
+    argv = [
+        sys.executable,
+        "-m",
+        "clawgym_env.proxy",
+        "--run-dir",
+        str(run_dir),
+        "--port",
+        "0",
+        "--script",
+        str(script),
+    ]
     for r in rollouts:
         argv += ["--rollout", r]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -164,9 +180,12 @@ async def test_proxy_killed_and_restarted_mid_run_loses_no_completed_call(tmp_pa
             await _conversation(info2["origin"] + routes2[rid]["path_prefix"], routes2[rid]["api_key"], 2, answers[rid])
         # the dead rollout's old route and key get nothing from the new proxy, and nothing is recorded for them
         async with httpx.AsyncClient(base_url=info2["origin"]) as client:
-            r = await client.post(routes["r3"]["path_prefix"] + "/v1/chat/completions", json={"model": "p", "messages": []},
-                                  headers={"authorization": f"Bearer {routes['r3']['api_key']}"})  # fmt: skip
-            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+            r = await client.post(
+                routes["r3"]["path_prefix"] + "/v1/chat/completions",
+                json={"model": "p", "messages": []},
+                headers={"authorization": f"Bearer {routes['r3']['api_key']}"},
+            )
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     finally:
         for p in (proc, restarted):
             if p is not None and p.poll() is None:

@@ -21,11 +21,21 @@ from clawgym_env.records import read_calls
 REPO = Path(__file__).resolve().parents[2]
 STEPS, PER_STEP = 4, 4  # group_size 2 x tasks_per_step 2
 TINY = [
-    "threads=1", "env.group_size=2", "env.tasks_per_step=2", "env.eval_tasks=1", "env.max_concurrency=4",
-    "eval.at_start=false", "eval.every=0", "eval.repeats=1", "logging.tensorboard=false", "logging.progress=false",
-    "logging.plot_every=0", "env.options.max_new_tokens=8", "env.options.max_calls=2",
+    "threads=1",
+    "env.group_size=2",
+    "env.tasks_per_step=2",
+    "env.eval_tasks=1",
+    "env.max_concurrency=4",
+    "eval.at_start=false",
+    "eval.every=0",
+    "eval.repeats=1",
+    "logging.tensorboard=false",
+    "logging.progress=false",
+    "logging.plot_every=0",
+    "env.options.max_new_tokens=8",
+    "env.options.max_calls=2",
     "checkpoint.keep=10",  # every step's checkpoint is compared below: none pruned
-]  # fmt: skip
+]
 
 
 def _argv(run_dir: Path, *extra: str) -> list[str]:
@@ -79,16 +89,31 @@ def test_sigkill_between_steps_then_resume_matches_an_uninterrupted_run(tmp_path
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     subprocess.run(_argv(straight, "checkpoint.every=1"), cwd=REPO, check=True, capture_output=True, timeout=600)
 
-    proc = subprocess.Popen(_argv(broken, "checkpoint.every=1"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _argv(broken, "checkpoint.every=1"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     ckpt2, latest = broken / "checkpoints" / "step_000002.pt", broken / "checkpoints" / "latest.pt"
     # between steps: after step 2's checkpoint *and* latest.pt are written (the loop saves step_N.pt first, then
     # latest.pt; a kill between those two saves must still resume from step N: newest_checkpoint)
-    killed_at = _kill_when(proc, lambda: ckpt2.exists() and latest.exists() and latest.stat().st_mtime >= ckpt2.stat().st_mtime
-                           and _sampler_state_or_none(latest) == _sampler_state_or_none(ckpt2))
+    killed_at = _kill_when(
+        proc,
+        lambda: (
+            ckpt2.exists()
+            and latest.exists()
+            and latest.stat().st_mtime >= ckpt2.stat().st_mtime
+            and _sampler_state_or_none(latest) == _sampler_state_or_none(ckpt2)
+        ),
+    )
     assert proc.returncode == -signal.SIGKILL
     saved_at = ckpt2.stat().st_mtime
     rows_at_kill = len(_train_rows(broken))
-    subprocess.run(_argv(broken, "checkpoint.every=1", "checkpoint.resume=auto"), cwd=REPO, check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        _argv(broken, "checkpoint.every=1", "checkpoint.resume=auto"),
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
 
     # continues where it stopped: steps 1..4 each logged exactly once, the resumed part starting at step 3
     rows = _train_rows(broken)
@@ -109,9 +134,17 @@ def test_sigkill_between_steps_then_resume_matches_an_uninterrupted_run(tmp_path
 @pytest.mark.slow
 def test_resume_from_an_older_checkpoint_counts_no_step_twice(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_argv(run_dir, "checkpoint.every=2"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _argv(run_dir, "checkpoint.every=2"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     metrics = run_dir / "metrics.jsonl"
     _kill_when(proc, lambda: metrics.exists() and any(r["step"] == 3 for r in _train_rows(run_dir)))
-    subprocess.run(_argv(run_dir, "checkpoint.every=2", "checkpoint.resume=auto"), cwd=REPO, check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        _argv(run_dir, "checkpoint.every=2", "checkpoint.resume=auto"),
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     steps = [r["step"] for r in _train_rows(run_dir)]
     assert steps == [1, 2, 3, 4], steps

@@ -12,7 +12,9 @@ from clawgym_env.specs import TaskSpec
 
 
 def make_task(workspace=None, **kwargs) -> TaskSpec:
-    return TaskSpec(id=kwargs.pop("id", "t1"), instruction="do it", workspace=workspace, verifier=lambda d: 1.0, **kwargs)
+    return TaskSpec(
+        id=kwargs.pop("id", "t1"), instruction="do it", workspace=workspace, verifier=lambda d: 1.0, **kwargs
+    )
 
 
 @pytest.fixture(params=["c", "python"])

@@ -13,10 +13,10 @@ import asyncio
 import json
 import os
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import unquote
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -50,20 +50,38 @@ class DaytonaApiStandIn:
             await self._runner.cleanup()
 
     def _record(self, request: web.Request, body: Any = None) -> None:
-        self.requests.append({"method": request.method, "path": request.path, "body": body,
-                              "auth": request.headers.get("Authorization")})
+        self.requests.append(
+            {"method": request.method, "path": request.path, "body": body, "auth": request.headers.get("Authorization")}
+        )
 
     def _dto(self, sandbox_id: str, body: dict[str, Any], state: str) -> dict[str, Any]:
-        now = datetime.now(timezone.utc).isoformat()
+        now = datetime.now(UTC).isoformat()
         return {
-            "id": sandbox_id, "organizationId": "org-standin", "name": sandbox_id, "snapshot": body.get("snapshot"),
-            "user": "daytona", "env": body.get("env") or {}, "labels": body.get("labels") or {}, "public": False,
-            "networkBlockAll": bool(body.get("networkBlockAll")), "kvm": False,
-            "networkAllowList": body.get("networkAllowList"), "domainAllowList": body.get("domainAllowList"),
-            "target": "us", "cpu": 1, "gpu": 0, "memory": body.get("memory") or 1, "disk": body.get("disk") or 3,
-            "state": state, "desiredState": state, "autoStopInterval": body.get("autoStopInterval") or 15,
-            "autoDeleteInterval": body.get("autoDeleteInterval", -1), "createdAt": now, "updatedAt": now,
-            "toolboxProxyUrl": f"{self.base_url}/toolbox", "daemonVersion": "0.0.0-standin",
+            "id": sandbox_id,
+            "organizationId": "org-standin",
+            "name": sandbox_id,
+            "snapshot": body.get("snapshot"),
+            "user": "daytona",
+            "env": body.get("env") or {},
+            "labels": body.get("labels") or {},
+            "public": False,
+            "networkBlockAll": bool(body.get("networkBlockAll")),
+            "kvm": False,
+            "networkAllowList": body.get("networkAllowList"),
+            "domainAllowList": body.get("domainAllowList"),
+            "target": "us",
+            "cpu": 1,
+            "gpu": 0,
+            "memory": body.get("memory") or 1,
+            "disk": body.get("disk") or 3,
+            "state": state,
+            "desiredState": state,
+            "autoStopInterval": body.get("autoStopInterval") or 15,
+            "autoDeleteInterval": body.get("autoDeleteInterval", -1),
+            "createdAt": now,
+            "updatedAt": now,
+            "toolboxProxyUrl": f"{self.base_url}/toolbox",
+            "daemonVersion": "0.0.0-standin",
         }
 
     async def create_sandbox(self, request: web.Request) -> web.Response:
@@ -91,8 +109,13 @@ class DaytonaApiStandIn:
         self._record(request, body)
         env = {**os.environ, **(body.get("envs") or {})}
         process = await asyncio.create_subprocess_exec(
-            "sh", "-c", body["command"], cwd=body.get("cwd") or "/", env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,  # one stream, like the real toolbox
+            "sh",
+            "-c",
+            body["command"],
+            cwd=body.get("cwd") or "/",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,  # one stream, like the real toolbox
         )
         output, _ = await process.communicate()
         return web.json_response({"exitCode": process.returncode, "result": output.decode(errors="replace")})
@@ -122,13 +145,19 @@ class DaytonaApiStandIn:
                 name, content_type, payload = "file", "application/octet-stream", target.read_bytes()
             else:
                 name, content_type = "error", "application/json"
-                payload = json.dumps({"message": f"file not found: {path}", "statusCode": 404, "code": "FILE_NOT_FOUND"}).encode()
-            head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path}"\r\n'
-                    f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n")
+                payload = json.dumps(
+                    {"message": f"file not found: {path}", "statusCode": 404, "code": "FILE_NOT_FOUND"}
+                ).encode()
+            head = (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path}"\r\n'
+                f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n"
+            )
             body_parts.append(head.encode() + payload + b"\r\n")
         data = b"".join(body_parts) + f"--{boundary}--\r\n".encode()
         return web.Response(body=data, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
 
     async def unknown(self, request: web.Request) -> web.Response:
         self._record(request, await request.text())
-        return web.json_response({"statusCode": 404, "message": f"stand-in has no recording for {request.path}"}, status=404)
+        return web.json_response(
+            {"statusCode": 404, "message": f"stand-in has no recording for {request.path}"}, status=404
+        )

@@ -31,8 +31,9 @@ async def daytona_backend(standin: DaytonaApiStandIn):
     await backend.aclose()
 
 
-async def test_full_lifecycle_through_the_sdk(daytona_backend: DaytonaSandboxBackend, standin: DaytonaApiStandIn,
-                                              tmp_path: Path) -> None:
+async def test_full_lifecycle_through_the_sdk(
+    daytona_backend: DaytonaSandboxBackend, standin: DaytonaApiStandIn, tmp_path: Path
+) -> None:
     assert isinstance(daytona_backend, SandboxBackend)
     task = make_task({"a.txt": "hello", "bin/blob": b"\x00\x01\xff"}, mount_path=str(tmp_path / "remote_ws"))
     proxy = ProxyEndpoint(public_url="https://proxy.example.org/")
@@ -92,15 +93,24 @@ async def test_proxy_without_public_url_is_a_clear_error(daytona_backend: Dayton
 def test_network_policy() -> None:
     assert network_policy(None) == {"network_block_all": True}
     assert network_policy(ProxyEndpoint(public_url="http://10.1.2.3:8000/x")) == {
-        "network_block_all": False, "network_allow_list": "10.1.2.3/32"}
+        "network_block_all": False,
+        "network_allow_list": "10.1.2.3/32",
+    }
     assert network_policy(ProxyEndpoint(public_url="https://p.example.com"), ["pypi.org"]) == {
-        "network_block_all": False, "domain_allow_list": "pypi.org,p.example.com"}
+        "network_block_all": False,
+        "domain_allow_list": "pypi.org,p.example.com",
+    }
 
 
 def test_image_params_carry_resource_limits(daytona_backend: DaytonaSandboxBackend) -> None:
     backend = DaytonaSandboxBackend(api_key="k", api_url="http://127.0.0.1:9", image="python:3.12-slim")
     params = backend._params(make_task(), None, SandboxLimits(memory_mb=3000, workspace_mb=5000, wall_time_s=600))
-    assert (params.resources.memory, params.resources.disk, params.auto_stop_interval, params.ephemeral) == (3, 5, 10, True)
+    assert (params.resources.memory, params.resources.disk, params.auto_stop_interval, params.ephemeral) == (
+        3,
+        5,
+        10,
+        True,
+    )
 
 
 def test_missing_credentials_and_sdk_are_clear_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

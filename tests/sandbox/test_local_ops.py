@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -68,7 +67,8 @@ async def test_seeding_binary_files_folders_and_functions(sandbox_root: Path, tm
 
     workspace = WorkspaceSpec(
         files={"data/book.xlsx": _xlsx_bytes(tmp_path), "data/app.db": _sqlite_bytes(tmp_path), "hi.txt": "hi"},
-        directory=folder, function=seed,
+        directory=folder,
+        function=seed,
     )
     # the venv's python (with openpyxl) is visible read-only; its base interpreter may sit under the private
     # /root, so it is bound in the way a harness install would be
@@ -84,7 +84,13 @@ async def test_seeding_binary_files_folders_and_functions(sandbox_root: Path, tm
         result = await box.exec([sys.executable, "-c", check])
         assert result.exit_code == 0, result.stderr
         assert result.stdout.split() == ["apple", "3", "42", "#", "seeded", "folder", "True"]
-        assert sorted(await box.list_files()) == ["data/app.db", "data/book.xlsx", "docs/readme.md", "hi.txt", "made_by_function.json"]
+        assert sorted(await box.list_files()) == [
+            "data/app.db",
+            "data/book.xlsx",
+            "docs/readme.md",
+            "hi.txt",
+            "made_by_function.json",
+        ]
 
 
 async def test_exec_argv_shell_cwd_env_stdin_and_exit_codes(backend: LocalSandboxBackend) -> None:
@@ -149,7 +155,8 @@ async def test_read_write_list_and_download(backend: LocalSandboxBackend, tmp_pa
         await box.exec("echo result > out.txt && ln -s /etc/passwd link_to_host")
         dest = await box.download_workspace(tmp_path / "final")
         assert (dest / "out.txt").read_text() == "result\n"
-        assert (dest / "link_to_host").is_symlink()  # copied as a link, never followed
+        assert not (dest / "link_to_host").is_symlink()  # a link out of the workspace is not copied
+        assert box.last_download.skipped == {"link_to_host": "link out of the workspace"}
         for bad in ("/etc/passwd", "../../etc/passwd", "/root/other"):
             with pytest.raises(PermissionError, match="outside the sandbox's workspace"):
                 await box.read_file(bad)
@@ -157,7 +164,9 @@ async def test_read_write_list_and_download(backend: LocalSandboxBackend, tmp_pa
             await box.write_file("/etc/evil", "x")
 
 
-async def test_symlinks_made_inside_are_not_followed_by_host_file_access(backend: LocalSandboxBackend, tmp_path: Path) -> None:
+async def test_symlinks_made_inside_are_not_followed_by_host_file_access(
+    backend: LocalSandboxBackend, tmp_path: Path
+) -> None:
     secret = tmp_path / "host_secret.txt"
     secret.write_text("host only")
     async with await backend.create(make_task()) as box:
@@ -172,8 +181,11 @@ async def test_symlinks_made_inside_are_not_followed_by_host_file_access(backend
 
 
 def _running_commands(marker: str) -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
-            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "status"])
+        if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
 
 
 async def test_destroy_is_idempotent_and_removes_everything(backend: LocalSandboxBackend) -> None:
@@ -253,8 +265,12 @@ SCRIPT_THAT_EXITS = SCRIPT_THAT_CRASHES.replace("os._exit(1)", "sys.exit(0)")
 
 def test_reaper_cleans_up_after_a_crashed_run(sandbox_root: Path) -> None:
     repo = str(Path(__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-c", SCRIPT_THAT_CRASHES.format(repo=repo, root=str(sandbox_root))],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT_THAT_CRASHES.format(repo=repo, root=str(sandbox_root))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     box_id, bwrap_pid = done.stdout.split()
     assert (sandbox_root / box_id / "sandbox.json").exists()
     assert reap_leftovers(sandbox_root) == [box_id]
@@ -275,8 +291,12 @@ def test_reaper_leaves_live_sandboxes_alone(sandbox_root: Path) -> None:
 
 def test_process_exit_destroys_sandboxes(sandbox_root: Path) -> None:
     repo = str(Path(__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-c", SCRIPT_THAT_EXITS.format(repo=repo, root=str(sandbox_root))],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT_THAT_EXITS.format(repo=repo, root=str(sandbox_root))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     box_id, _ = done.stdout.split()
     assert not (sandbox_root / box_id).exists()
 
@@ -289,8 +309,12 @@ SCRIPT_THAT_EXITS_WHILE_REMOVING = SCRIPT_THAT_CRASHES.replace(
 
 def test_exit_right_after_destroy_still_removes_everything(sandbox_root: Path) -> None:
     repo = str(Path(__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-c", SCRIPT_THAT_EXITS_WHILE_REMOVING.format(repo=repo, root=str(sandbox_root))],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT_THAT_EXITS_WHILE_REMOVING.format(repo=repo, root=str(sandbox_root))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     box_id, bwrap_pid = done.stdout.split()
     assert not (sandbox_root / box_id).exists()

@@ -32,8 +32,12 @@ async def unix_proxy(tmp_path: Path):
 
     async def echo(request: web.Request) -> web.Response:
         body = await request.read()
-        record = {"method": request.method, "path": request.path_qs, "auth": request.headers.get("Authorization"),
-                  "body": body.decode()}
+        record = {
+            "method": request.method,
+            "path": request.path_qs,
+            "auth": request.headers.get("Authorization"),
+            "body": body.decode(),
+        }
         seen.append(record)
         return web.json_response(record)
 
@@ -57,7 +61,12 @@ async def test_proxy_route_reaches_the_unix_socket(backend: LocalSandboxBackend,
         result = await box.exec(["curl", "-sS", "-X", "POST", "-H", "Authorization: Bearer k1", "-d", '{"hi": 1}', url])
         assert result.exit_code == 0, result.stderr
         reply = json.loads(result.stdout)
-        assert reply == {"method": "POST", "path": "/rollouts/r1/v1/messages?beta=true", "auth": "Bearer k1", "body": '{"hi": 1}'}
+        assert reply == {
+            "method": "POST",
+            "path": "/rollouts/r1/v1/messages?beta=true",
+            "auth": "Bearer k1",
+            "body": '{"hi": 1}',
+        }
         head = await box.exec(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-I", box.proxy_base_url + "/"])
         assert head.stdout == "200"
         assert [r["method"] for r in seen] == ["POST", "HEAD"]

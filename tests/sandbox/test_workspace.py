@@ -22,7 +22,9 @@ def test_files_bytes_folder_and_function_in_order(tmp_path: Path) -> None:
         assert (ws / "sub" / "data.csv").exists()  # the function runs after files and folder
         (ws / "from_function.txt").write_text("made by function")
 
-    spec = WorkspaceSpec(files={"notes/a.txt": "hi", "blob.bin": b"\x00\xff\x01"}, directory=source, function=add_marker)
+    spec = WorkspaceSpec(
+        files={"notes/a.txt": "hi", "blob.bin": b"\x00\xff\x01"}, directory=source, function=add_marker
+    )
     dest = materialize_workspace(spec, tmp_path / "ws")
     assert (dest / "notes" / "a.txt").read_text() == "hi"
     assert (dest / "blob.bin").read_bytes() == b"\x00\xff\x01"

@@ -23,7 +23,7 @@ scores = {"exists": float(p.exists()), "content": float(p.exists() and p.read_te
 print(json.dumps(scores))
 print(sum(scores.values()) / len(scores))
 """
-REWARD_SH = "#!/bin/bash\nset -e\ncd \"$(dirname \"$0\")/..\"\npython3 reward/check.py\n"
+REWARD_SH = '#!/bin/bash\nset -e\ncd "$(dirname "$0")/.."\npython3 reward/check.py\n'
 
 
 def clawgym_task(root: Path, name: str, entry, *, reward=True, inputs=True) -> Path:
@@ -69,7 +69,14 @@ def test_clawgym_folder_loads_valid_and_reports_each_broken(clawgym_folder):
     assert isinstance(suite, TaskSuite)
     assert [t.id for t in suite.tasks] == ["greet_1", "greet_2"]
     reasons = {p.path.name: p.reason for p in suite.problems}
-    assert set(reasons) == {"b1_no_reward", "b2_bad_json", "b3_no_query", "b4_relative_mount", "z5_duplicate", "b6_empty"}
+    assert set(reasons) == {
+        "b1_no_reward",
+        "b2_bad_json",
+        "b3_no_query",
+        "b4_relative_mount",
+        "z5_duplicate",
+        "b6_empty",
+    }
     assert "reward.sh is missing" in reasons["b1_no_reward"]
     assert "not valid JSON" in reasons["b2_bad_json"]
     assert "user_query" in reasons["b3_no_query"]
@@ -115,7 +122,7 @@ def test_importer_command(clawgym_folder, capsys):
     assert report["tasks"] == ["greet_1", "greet_2"] and len(report["broken"]) == 6
 
 
-PB_AUTOMATED = '''\
+PB_AUTOMATED = """\
 ---
 id: task_90_notes
 name: Write notes
@@ -157,9 +164,9 @@ def grade(transcript: list, workspace_path: str) -> dict:
         "content_upper": 1.0 if p.exists() and p.read_text().strip() == "ALPHA BETA" else 0.0,
     }
 ```
-'''
+"""
 
-PB_HYBRID = '''\
+PB_HYBRID = """\
 ---
 id: task_91_hybrid
 name: Hybrid
@@ -189,7 +196,7 @@ def grade(transcript, workspace_path):
 ### Criterion 2: Topic (Weight: 50%)
 
 **Score 1.0**: About crabs.
-'''
+"""
 
 GRADE_OK = "\n## Automated Checks\n\n```python\ndef grade(t, w):\n    return {'a': 1.0}\n```\n"
 
@@ -202,8 +209,10 @@ BROKEN_PB = {
     "no_code.md": "---\nid: t_nc\ngrading_type: automated\n---\n\n## Prompt\n\nx\n",
     "syntax.md": "---\nid: t_sx\n---\n\n## Prompt\n\nx\n\n## Automated Checks\n\n```python\ndef grade(t, w:\n    return {}\n```\n",
     "no_grade_fn.md": "---\nid: t_nf\n---\n\n## Prompt\n\nx\n\n## Automated Checks\n\n```python\ndef score(t, w):\n    return {}\n```\n",
-    "missing_fixture.md": "---\nid: t_mf\nworkspace_files:\n  - source: nowhere.txt\n    dest: a.txt\n---\n\n## Prompt\n\nx\n" + GRADE_OK,
-    "escaping_dest.md": "---\nid: t_ed\nworkspace_files:\n  - path: ../evil.txt\n    content: x\n---\n\n## Prompt\n\nx\n" + GRADE_OK,
+    "missing_fixture.md": "---\nid: t_mf\nworkspace_files:\n  - source: nowhere.txt\n    dest: a.txt\n---\n\n## Prompt\n\nx\n"
+    + GRADE_OK,
+    "escaping_dest.md": "---\nid: t_ed\nworkspace_files:\n  - path: ../evil.txt\n    content: x\n---\n\n## Prompt\n\nx\n"
+    + GRADE_OK,
     "dup.md": PB_AUTOMATED,
 }
 
@@ -235,14 +244,21 @@ def test_pinchbench_folder_loads_valid_and_reports_each_broken(pinch_folder):
     task = suite.tasks[0]
     assert task.timeout_s == 90 and task.metadata["level"] == 0 and task.metadata["category"] == "files"
     assert task.metadata["grading_criteria"] == ["NOTES.md exists", "Content is upper case"]
-    assert task.workspace.files["notes.txt"] == b"alpha beta\n" and task.workspace.files["extra/hint.txt"] == "uppercase it"
+    assert (
+        task.workspace.files["notes.txt"] == b"alpha beta\n"
+        and task.workspace.files["extra/hint.txt"] == "uppercase it"
+    )
 
 
 def run_verifier(task, ws, events=()):
     ctx = VerifyContext(
-        sandbox=None, task=task, workspace_dir=ws,
-        harness_result=HarnessResult(harness="t", events=[{"type": "message", "message": {"role": "assistant"}}, *events]),
-    )  # fmt: skip
+        sandbox=None,
+        task=task,
+        workspace_dir=ws,
+        harness_result=HarnessResult(
+            harness="t", events=[{"type": "message", "message": {"role": "assistant"}}, *events]
+        ),
+    )
     return asyncio.run(task.verifier.verify(ctx))
 
 

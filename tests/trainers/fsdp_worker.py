@@ -26,14 +26,23 @@ def main(out: str) -> None:
     D.init_from_env("gloo")
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, initializer_range=0.2,
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
     model = Qwen3ForCausalLM(config).float()
     if D.is_distributed():
         D.shard_model(model)
     small = dict(turns=2, gen_tokens=(4, 8), tool_tokens=(3, 8), system_tokens=10)
-    batch = SyntheticRollouts(vocab=512, group_size=3, tasks_per_step=1, harnesses=("A", "B"), seed=5, **small).next_batch()
+    batch = SyntheticRollouts(
+        vocab=512, group_size=3, tasks_per_step=1, harnesses=("A", "B"), seed=5, **small
+    ).next_batch()
     from torch.distributed.fsdp import FSDPModule
 
     # FSDP2 shards in place: nothing to unwrap, the decoder and head are found on the sharded model itself

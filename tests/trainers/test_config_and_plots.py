@@ -42,8 +42,11 @@ def test_ppo_has_no_grpo_only_options() -> None:
 
 @pytest.mark.parametrize("group", ["model", "engine", "sandbox"])
 def test_every_group_option_composes(group: str) -> None:
-    selects = {"model": ("name", lambda c: c.model.name), "engine": ("kind", lambda c: c.engine.kind),
-               "sandbox": ("backend", lambda c: c.sandbox.backend)}  # fmt: skip
+    selects = {
+        "model": ("name", lambda c: c.model.name),
+        "engine": ("kind", lambda c: c.engine.kind),
+        "sandbox": ("backend", lambda c: c.sandbox.backend),
+    }
     key, chosen = selects[group]
     for option in options(group):
         cfg = compose([f"{group}={option}"])
@@ -115,8 +118,19 @@ def test_task_sampler_resumes_its_position() -> None:
 def test_metrics_jsonl_tensorboard_and_plot(tmp_path: Path) -> None:
     logger = MetricsLogger(tmp_path)
     for step in range(1, 4):
-        logger.log({"reward/A": 0.1 * step, "reward/B": 0.2, "loss": 1.0 / step, "clip_frac": 0.01,
-                    "is_ratio_mean": 1.0, "is_kl_k3": 0.001, "entropy": 2.0, "nan_metric": float("nan")}, step)  # fmt: skip
+        logger.log(
+            {
+                "reward/A": 0.1 * step,
+                "reward/B": 0.2,
+                "loss": 1.0 / step,
+                "clip_frac": 0.01,
+                "is_ratio_mean": 1.0,
+                "is_kl_k3": 0.001,
+                "entropy": 2.0,
+                "nan_metric": float("nan"),
+            },
+            step,
+        )
     logger.log({"eval_reward/A": 0.5}, 3, kind="eval")
     logger.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -25,7 +25,9 @@ def test_truncate_caps_at_C_and_counts() -> None:
     assert torch.allclose(c.weights, torch.tensor([1.0, 2.0, math.exp(-1), math.exp(0.5), 1.0, 0.0]))
     assert c.sums["is_clipped_frac"] == 1 and c.sums["is_missing_frac"] == 1 and c.sums["is_tokens"] == 5
     rhos = [1.0, math.e, math.exp(-1), math.exp(0.5), 1.0]
-    assert math.isclose(c.sums["is_ratio_mean"], sum(rhos), rel_tol=1e-5)  # a float32 sum of 5 positive terms: ~3e-7 relative
+    assert math.isclose(
+        c.sums["is_ratio_mean"], sum(rhos), rel_tol=1e-5
+    )  # a float32 sum of 5 positive terms: ~3e-7 relative
     k3 = sum(r - 1 - math.log(r) for r in rhos)
     # k3 = rho - 1 - log rho in float32 over 5 tokens: each term ~0.1-1 loses ~1e-7 absolute to cancellation,
     # ~1e-6 relative to the sum (~1.1); 1e-5 covers it

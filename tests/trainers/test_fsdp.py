@@ -25,11 +25,26 @@ def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     worker.main(str(tmp_path / "one.json"))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = str(REPO)
     for _attempt in range(2):  # a second try only if the rendezvous port was taken meanwhile
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), str(WORKER), str(tmp_path / "two.json")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(WORKER),
+            str(tmp_path / "two.json"),
+        ]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
         if proc.returncode == 0 or "address already in use" not in proc.stderr.lower():
             break

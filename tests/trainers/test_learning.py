@@ -27,7 +27,9 @@ EXTRA = {"grpo": [], "ppo": ["algorithm.train_critic_trunk=false", "optim.critic
 def test_training_raises_held_out_reward_above_noise(tmp_path: Path, algorithm: str) -> None:
     from benchmarks.learning_curve import main
 
-    report = main(["--algorithms", algorithm, "--seeds", "0", "1", "--out", str(tmp_path), "--", *OVERRIDES, *EXTRA[algorithm]])
+    report = main(
+        ["--algorithms", algorithm, "--seeds", "0", "1", "--out", str(tmp_path), "--", *OVERRIDES, *EXTRA[algorithm]]
+    )
     result = report["algorithms"][algorithm]
     assert result["learned"], result
 
@@ -36,7 +38,10 @@ def test_training_raises_held_out_reward_above_noise(tmp_path: Path, algorithm: 
 def test_custom_training_loop_example_runs() -> None:
     proc = subprocess.run(
         [sys.executable, "examples/custom_training_loop.py", "--steps", "1", "--group-size", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 0: rewards" in proc.stdout

@@ -20,11 +20,16 @@ def test_a_finished_run_with_the_same_config_is_reused(tmp_path) -> None:
     cfg = compose(["seed=1", f"run_dir={tmp_path}", "steps=3"])
     assert finished_summary(tmp_path, cfg) is None
     (tmp_path / "config.json").write_text(cfg.model_dump_json())
-    (tmp_path / "summary.json").write_text(json.dumps({"eval_start": {"eval_reward_mean": 0.1}, "eval_end": {"eval_reward_mean": 0.5}}))
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"eval_start": {"eval_reward_mean": 0.1}, "eval_end": {"eval_reward_mean": 0.5}})
+    )
     assert finished_summary(tmp_path, cfg)["eval_end"]["eval_reward_mean"] == 0.5  # read back from JSON: exact
     # same run directory, another config (or display setting aside): not reused unless only display differs
     assert finished_summary(tmp_path, compose(["seed=1", f"run_dir={tmp_path}", "steps=4"])) is None
-    assert finished_summary(tmp_path, compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "logging.progress=false"])) is not None
+    assert (
+        finished_summary(tmp_path, compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "logging.progress=false"]))
+        is not None
+    )
 
 
 def test_evaluation_speed_settings_do_not_make_a_finished_run_stale(tmp_path) -> None:

@@ -20,8 +20,17 @@ from .conftest import VOCAB, small_qwen3
 
 CORRECTION = CorrectionConfig(mode="truncate", cap=1.5)
 GRPO_CONFIG = GRPOConfig(entropy_coef=0.01, kl_coef=0.05, eps_low=0.1, eps_high=0.15, correction=CORRECTION)
-PPO_CONFIG = PPOConfig(entropy_coef=0.01, kl_coef=0.05, eps_low=0.1, eps_high=0.15, lam=0.9, gamma=0.99,
-                       value_clip=0.05, vf_coef=0.7, correction=CORRECTION)  # fmt: skip
+PPO_CONFIG = PPOConfig(
+    entropy_coef=0.01,
+    kl_coef=0.05,
+    eps_low=0.1,
+    eps_high=0.15,
+    lam=0.9,
+    gamma=0.99,
+    value_clip=0.05,
+    vf_coef=0.7,
+    correction=CORRECTION,
+)
 
 # Tolerance: every number below is a float32 reduction (a 2-layer model's forward and backward, a
 # log-softmax over 512 logits, sums over a few hundred tokens). Reordering such sums changes them by a few
@@ -33,7 +42,9 @@ RTOL = 1e-4
 
 def batch():
     small = dict(turns=2, gen_tokens=(4, 8), tool_tokens=(3, 8), system_tokens=10)
-    return SyntheticRollouts(vocab=VOCAB, group_size=3, tasks_per_step=2, harnesses=("A", "B"), seed=11, **small).next_batch()
+    return SyntheticRollouts(
+        vocab=VOCAB, group_size=3, tasks_per_step=2, harnesses=("A", "B"), seed=11, **small
+    ).next_batch()
 
 
 def shift_old_logprobs(mb) -> None:  # noqa: ANN001
@@ -69,7 +80,13 @@ def grpo_values() -> dict[str, float]:
     loss.backward()
     dot, scale = grad_summary([model])
     whole, metrics = grpo_loss(small_qwen3(0), batch().forests, config=GRPO_CONFIG, token_budget=150, ref_model=ref)
-    return {"loss": float(loss.detach()), "grad_dot": dot, "grad_scale": scale, "grpo_loss": float(whole.detach()), "kl_ref": metrics["kl_ref"]}
+    return {
+        "loss": float(loss.detach()),
+        "grad_dot": dot,
+        "grad_scale": scale,
+        "grpo_loss": float(whole.detach()),
+        "kl_ref": metrics["kl_ref"],
+    }
 
 
 def ppo_values() -> dict[str, float]:
@@ -92,10 +109,19 @@ def ppo_values() -> dict[str, float]:
     return {"loss": float(loss.detach()), "grad_dot": dot, "grad_scale": scale, "value_loss": value_loss}
 
 
-EXPECTED_GRPO = {"loss": 0.44150054454803467, "grad_dot": -0.205832895264582, "grad_scale": 35.75493278899739,
-                 "grpo_loss": 0.037988342344760895, "kl_ref": 1.904184681708824}  # fmt: skip
-EXPECTED_PPO = {"loss": 1.3411858081817627, "grad_dot": 3.6719187071958244, "grad_scale": 415.97311769881213,
-                "value_loss": 280.2607650756836}  # fmt: skip
+EXPECTED_GRPO = {
+    "loss": 0.44150054454803467,
+    "grad_dot": -0.205832895264582,
+    "grad_scale": 35.75493278899739,
+    "grpo_loss": 0.037988342344760895,
+    "kl_ref": 1.904184681708824,
+}
+EXPECTED_PPO = {
+    "loss": 1.3411858081817627,
+    "grad_dot": 3.6719187071958244,
+    "grad_scale": 415.97311769881213,
+    "value_loss": 280.2607650756836,
+}
 
 
 def close(actual: dict[str, float], expected: dict[str, float], scales: dict[str, float]) -> None:

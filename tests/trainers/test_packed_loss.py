@@ -19,7 +19,10 @@ CONFIG = GRPOConfig(entropy_coef=0.01, correction=CorrectionConfig(mode="truncat
 
 
 def rollouts() -> RolloutBatch:
-    forests = [synthetic_forest(s, vocab=VOCAB, rollout_id=f"r{s}", task_id="t", reward=r) for s, r in zip(range(4), [1.0, 0.0, 0.5, 0.2])]
+    forests = [
+        synthetic_forest(s, vocab=VOCAB, rollout_id=f"r{s}", task_id="t", reward=r)
+        for s, r in zip(range(4), [1.0, 0.0, 0.5, 0.2])
+    ]
     assert all(f.num_branches >= 2 for f in forests[:2])
     return RolloutBatch.from_forests(forests)
 

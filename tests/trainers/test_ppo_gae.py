@@ -26,7 +26,11 @@ def tree():
 
 def two_forests_and_critic(reward_tree: float, reward_r1: float, *extra) -> tuple[RolloutBatch, Critic]:
     """tree() (two branches) and a one-branch forest r1 (+ extra forests), with a critic whose head is random."""
-    forests = [tree(), forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=reward_r1), *extra]
+    forests = [
+        tree(),
+        forest_from_paths([[(10, False), (20, True), (21, True)]], rollout_id="r1", reward=reward_r1),
+        *extra,
+    ]
     forests[0].reward = reward_tree
     critic = Critic(small_qwen3(1))
     torch.nn.init.normal_(critic.value_head.weight, std=0.5)
@@ -103,9 +107,13 @@ def test_uniform_reward_batch_moves_only_the_critic() -> None:
     assert metrics["policy_skipped_uniform_reward"] == 1.0
     assert torch.all(mb.advantages == 0)
     trained = mb.loss_mask
-    (raw,), _ = ppo_micro_batches(batch, critic, PPOConfig(skip_uniform_batches=False, normalize_advantages=False), 1000)
+    (raw,), _ = ppo_micro_batches(
+        batch, critic, PPOConfig(skip_uniform_batches=False, normalize_advantages=False), 1000
+    )
     # the same computation twice (the skip only zeroes advantages afterwards): equal returns
-    assert torch.allclose(mb.returns, raw.returns) and torch.any(raw.advantages[trained] != 0)  # the critic still learns
+    assert torch.allclose(mb.returns, raw.returns) and torch.any(
+        raw.advantages[trained] != 0
+    )  # the critic still learns
     # the same batch without the skip: whitened critic errors, unit scale
     (mb2,), metrics2 = ppo_micro_batches(batch, critic, PPOConfig(skip_uniform_batches=False), token_budget=1000)
     assert metrics2["policy_skipped_uniform_reward"] == 0.0

@@ -81,7 +81,9 @@ def test_openclaw_style_retry_continued_by_splicing_elsewhere() -> None:
     forest = build_forest(r.calls, rollout_id="r0")
     assert forest.stats.dead_leaves_removed == list(r.expected.values()).count("dead_leaf") == 2
     assert forest.stats.relocated_splice_tokens > 0  # the spliced copies are context, generated only once
-    assert int(forest.generated.sum()) == sum(len(c.generated_ids) for c in r.calls if r.expected[c.call_index] == "main")
+    assert int(forest.generated.sum()) == sum(
+        len(c.generated_ids) for c in r.calls if r.expected[c.call_index] == "main"
+    )
 
 
 def test_compaction_is_set_aside_or_merged_on_request() -> None:

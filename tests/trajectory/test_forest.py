@@ -14,8 +14,9 @@ from clawgym_env.trajectory.forest import ForestStats, TrajectoryForest
 def test_depths_and_branches_from_any_topological_parents(raw: list[int]) -> None:
     parents = np.asarray([-1 if r < 0 or i == 0 else r % i for i, r in enumerate(raw)], np.int64)
     child_count = np.bincount(parents[parents >= 0], minlength=len(parents))
-    forest = TrajectoryForest(rollout_id="r", tokens=np.arange(len(parents)), parents=parents,
-                              leaves=np.flatnonzero(child_count == 0))  # fmt: skip
+    forest = TrajectoryForest(
+        rollout_id="r", tokens=np.arange(len(parents)), parents=parents, leaves=np.flatnonzero(child_count == 0)
+    )
     expected = np.zeros(len(parents), np.int64)
     for i, p in enumerate(parents.tolist()):
         expected[i] = expected[p] + 1 if p >= 0 else 0

@@ -57,9 +57,17 @@ def small_model(arch: str, impl: str) -> torch.nn.Module:
 def forest(seed: int, mode: str = "openclaw_chat"):
     """A branching forest: non-prefix calls and kept retries give several branches with shared prefixes."""
     r = synthetic_rollout(
-        seed, rollout_id=f"r{seed}", mode=mode, turns=3, retry_prob=0.5, vocab=VOCAB,
-        system_tokens=20, tools_tokens=10, gen_tokens=(8, 20), tool_tokens=(5, 15),
-    )  # fmt: skip
+        seed,
+        rollout_id=f"r{seed}",
+        mode=mode,
+        turns=3,
+        retry_prob=0.5,
+        vocab=VOCAB,
+        system_tokens=20,
+        tools_tokens=10,
+        gen_tokens=(8, 20),
+        tool_tokens=(5, 15),
+    )
     f = build_forest(r.calls, rollout_id=r.rollout_id, reward=1.0, options=ForestOptions(drop_dead_leaves=False))
     assert f.num_branches >= 3
     return f
@@ -183,7 +191,9 @@ def test_shared_context_is_computed_once_with_equal_logprobs_and_gradients() -> 
     np.testing.assert_array_equal(shared.gather([f.tokens for f in ordered]), shared.input_ids[0].numpy())
     assert np.array_equal(flat_tokens[shared.token_source.numpy()], shared.input_ids[0].numpy())
     # branch contents are the same token sequences
-    assert [t.tolist() for t in shared.unpack(shared.input_ids[0])] == [t.tolist() for t in plain.unpack(plain.input_ids[0])]
+    assert [t.tolist() for t in shared.unpack(shared.input_ids[0])] == [
+        t.tolist() for t in plain.unpack(plain.input_ids[0])
+    ]
 
     lp_plain = all_logprobs(model, plain).logprobs
     lp_shared = all_logprobs(model, shared).logprobs

@@ -73,7 +73,9 @@ def test_inserted_message_is_edited_history():
 
 
 def test_re_tokenized_echo_is_drift():
-    ids, segments = second([USER, Message("assistant", [500, 777, 2], "assistant_rendered"), Message("tool", [700], "tool")])
+    ids, segments = second(
+        [USER, Message("assistant", [500, 777, 2], "assistant_rendered"), Message("tool", [700], "tool")]
+    )
     check = check_prefix(first_call(), ids, segments)
     assert (check.extended, check.reason) == (False, "drift")
     assert check.shared == len(first_call().prompt_ids) + 1  # broke inside the echoed generation
@@ -82,7 +84,9 @@ def test_re_tokenized_echo_is_drift():
 def test_changed_mid_conversation_system_message_is_a_harness_rewrite():
     note = Message("system", [900, 901, 902], "system")
     before = make_call(0, [*SYSTEM, USER, note], GEN0)
-    ids, segments = second([USER, Message("system", [900, 955, 902], "system"), echoed(0), Message("tool", [7], "tool")])
+    ids, segments = second(
+        [USER, Message("system", [900, 955, 902], "system"), echoed(0), Message("tool", [7], "tool")]
+    )
     assert check_prefix(before, ids, segments).reason == "harness_rewrite"
 
 
@@ -95,7 +99,9 @@ def test_unechoed_generation_and_resent_prompt_are_retries():
 
 
 def test_short_restart_is_compaction():
-    long_history = [USER] + [m for k in range(6) for m in (echoed(k, [500 + k] * 20), Message("tool", [700 + k] * 30, "tool"))]
+    long_history = [USER] + [
+        m for k in range(6) for m in (echoed(k, [500 + k] * 20), Message("tool", [700 + k] * 30, "tool"))
+    ]
     previous = make_call(6, [*SYSTEM, *long_history], [600, 2])
     ids, segments = second([Message("user", [880] * 10, "user")])
     assert check_prefix(previous, ids, segments).reason == "compaction"

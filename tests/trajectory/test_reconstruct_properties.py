@@ -116,4 +116,6 @@ def test_filters_remove_exactly_what_they_should(rollout) -> None:
     assert forest.stats.compaction_calls_set_aside == expected.count("compaction")
     assert forest.stats.subagent_calls_set_aside == expected.count("subagent")
     reasons = sorted(aux.metadata["auxiliary_reason"] for aux in forest.auxiliary)
-    assert reasons == sorted({"compaction": "compaction", "subagent": "subagent"}[r] for r in set(expected) & {"compaction", "subagent"})
+    assert reasons == sorted(
+        {"compaction": "compaction", "subagent": "subagent"}[r] for r in set(expected) & {"compaction", "subagent"}
+    )

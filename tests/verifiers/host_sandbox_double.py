@@ -51,7 +51,11 @@ class HostDirSandboxTestDouble:
         stdin: bytes | None = None,
     ) -> ExecResult:
         self.commands.append(command)
-        argv = ["bash", "-c", self._map_text(command)] if isinstance(command, str) else [self._map_text(c) for c in command]
+        argv = (
+            ["bash", "-c", self._map_text(command)]
+            if isinstance(command, str)
+            else [self._map_text(c) for c in command]
+        )
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root), "LANG": "C.UTF-8"}
         full_env.update({k: self._map_text(v) for k, v in (env or {}).items()})
         loop = asyncio.get_running_loop()
@@ -67,7 +71,7 @@ class HostDirSandboxTestDouble:
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             os.killpg(proc.pid, 9)
             await proc.wait()
             return ExecResult(exit_code=-9, timed_out=True, killed_reason="timeout", duration_s=loop.time() - start)

@@ -52,7 +52,12 @@ CHECKS = [
     TextMatches("note.md", ["hello", "title"], mode="contains", name="note_contains"),
     TextMatches("note.md", [r"^# \w+"], mode="regex", name="note_regex"),
     AnswerMatches("answer.txt", 1234.5),
-    CsvMatches("totals.csv", columns=["region", "total"], rows=[{"region": "south", "total": 830.5}, {"region": "North", "total": "1,200"}], key="region"),
+    CsvMatches(
+        "totals.csv",
+        columns=["region", "total"],
+        rows=[{"region": "south", "total": 830.5}, {"region": "North", "total": "1,200"}],
+        key="region",
+    ),
     JsonMatches("summary.json", expected={"total": 2030.5, "top.region": "north", "items.1": 2}, required=["items"]),
     SqliteQuery("db.sqlite", "select name, amount from t", [("b", 2.5), ("a", 1)]),
     XlsxCells("book.xlsx", {"Data!A1": "region", "B2": 42}),

@@ -45,9 +45,10 @@ def test_crash_bad_value_empty_dict_and_timeout_are_errors(tmp_path):
         raise RuntimeError("bug in checker")
 
     assert "bug in checker" in run(CheckFunctionVerifier(crash), tmp_path).error
-    assert "outside" in run(CheckFunctionVerifier(lambda ws: 1.5), tmp_path).error or "[0, 1]" in run(
-        CheckFunctionVerifier(lambda ws: 1.5), tmp_path
-    ).error
+    assert (
+        "outside" in run(CheckFunctionVerifier(lambda ws: 1.5), tmp_path).error
+        or "[0, 1]" in run(CheckFunctionVerifier(lambda ws: 1.5), tmp_path).error
+    )
     assert run(CheckFunctionVerifier(lambda ws: {}), tmp_path).error
     assert run(CheckFunctionVerifier(lambda ws: "yes"), tmp_path).error
     slow = CheckFunctionVerifier(lambda ws: time.sleep(2) or 1.0, timeout_s=0.2)

@@ -87,7 +87,9 @@ async def test_last_line_wins_and_trailing_blank_lines_are_ignored(tmp_path):
 
 
 async def test_inline_files_and_env(tmp_path):
-    v = ScriptVerifier("python3 .grader/g.py", files={".grader/g.py": "import os\nprint(os.environ['LEVEL'])\n"}, env={"LEVEL": "0.25"})
+    v = ScriptVerifier(
+        "python3 .grader/g.py", files={".grader/g.py": "import os\nprint(os.environ['LEVEL'])\n"}, env={"LEVEL": "0.25"}
+    )
     result, _ = await run(v, tmp_path / "ws")
     assert result.reward == 0.25
 

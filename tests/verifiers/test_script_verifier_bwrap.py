@@ -4,9 +4,9 @@ import posixpath
 
 import pytest
 
-from task_suites import clawgymbench, reference_files
 from clawgym_env.interfaces import SandboxUnavailable, VerifyContext
 from clawgym_env.specs import TaskSpec
+from task_suites import clawgymbench, reference_files
 from verifiers import ScriptVerifier
 
 
@@ -51,7 +51,9 @@ async def test_script_errors_and_timeouts_in_the_sandbox(backend):
 
 
 async def test_workspace_path_is_the_task_mount(backend):
-    verifier = ScriptVerifier('test "$PWD" = "$WORKSPACE" && test -f reward/x.txt && echo 1', files={"x.txt": "hi"}, files_dest="reward")
+    verifier = ScriptVerifier(
+        'test "$PWD" = "$WORKSPACE" && test -f reward/x.txt && echo 1', files={"x.txt": "hi"}, files_dest="reward"
+    )
     task = TaskSpec(id="t", instruction="x", verifier=verifier, mount_path="/root/.openclaw/workspace")
     async with backend.sandbox(task) as sandbox:
         result = await verifier.verify(VerifyContext(sandbox=sandbox, task=task))

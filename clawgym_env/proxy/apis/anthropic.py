@@ -12,7 +12,14 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, Permissive, chunks, content_text, sse
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec, arguments_json, merge_consecutive_assistants
+from clawgym_env.proxy.conversation import (
+    Conversation,
+    Message,
+    ToolCall,
+    ToolSpec,
+    arguments_json,
+    merge_consecutive_assistants,
+)
 from clawgym_env.proxy.errors import ProxyError
 from clawgym_env.specs import ApiStyle
 
@@ -101,7 +108,9 @@ class AnthropicAdapter(ApiAdapter):
             else:
                 messages.extend(self._user_or_system(msg.role, msg.content, param))
         tools = [
-            ToolSpec(t.name, t.description or "", t.input_schema) for t in request.tools or () if t.input_schema is not None
+            ToolSpec(t.name, t.description or "", t.input_schema)
+            for t in request.tools or ()
+            if t.input_schema is not None
         ]
         return Conversation(merge_consecutive_assistants(messages), tools)
 
@@ -114,7 +123,9 @@ class AnthropicAdapter(ApiAdapter):
                 texts.append(block.text or "")
             elif block.type == "tool_use":
                 if not block.name:
-                    raise ProxyError("invalid_request", f"{param}.{j}.name is required for tool_use", f"{param}.{j}.name")
+                    raise ProxyError(
+                        "invalid_request", f"{param}.{j}.name is required for tool_use", f"{param}.{j}.name"
+                    )
                 message.tool_calls.append(ToolCall(block.name, block.input or {}, block.id))
             elif block.type == "thinking":
                 message.reasoning = (message.reasoning or "") + (block.thinking or "")
@@ -198,9 +209,15 @@ class AnthropicAdapter(ApiAdapter):
                 deltas = [{"type": "text_delta", "text": c} for c in chunks(block["text"])] if block["text"] else []
             else:
                 opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-                deltas = [{"type": "input_json_delta", "partial_json": c} for c in chunks(arguments_json(block["input"]))]
-            events.append(sse({"type": "content_block_start", "index": index, "content_block": opening}, "content_block_start"))
-            events += [sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta") for d in deltas]
+                deltas = [
+                    {"type": "input_json_delta", "partial_json": c} for c in chunks(arguments_json(block["input"]))
+                ]
+            events.append(
+                sse({"type": "content_block_start", "index": index, "content_block": opening}, "content_block_start")
+            )
+            events += [
+                sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta") for d in deltas
+            ]
             events.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
         events.append(
             sse(

@@ -99,8 +99,18 @@ class ChatAdapter(ApiAdapter):
         tools = []
         for j, tool in enumerate(request.tools or ()):
             if tool.type != "function":
-                raise ProxyError("invalid_request", f"tools.{j}.type {tool.type!r} is not supported; use 'function'", f"tools.{j}.type")
-            tools.append(ToolSpec(tool.function.name, tool.function.description or "", tool.function.parameters or {"type": "object", "properties": {}}))
+                raise ProxyError(
+                    "invalid_request",
+                    f"tools.{j}.type {tool.type!r} is not supported; use 'function'",
+                    f"tools.{j}.type",
+                )
+            tools.append(
+                ToolSpec(
+                    tool.function.name,
+                    tool.function.description or "",
+                    tool.function.parameters or {"type": "object", "properties": {}},
+                )
+            )
         return Conversation(merge_consecutive_assistants(messages), tools)
 
     # ---------------------------------------------------------------------------------- output
@@ -113,7 +123,10 @@ class ChatAdapter(ApiAdapter):
         }
 
     def response(self, output: CallOutput, request: Any) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": output.text if (output.text or not output.tool_calls) else None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": output.text if (output.text or not output.tool_calls) else None,
+        }
         if output.reasoning:
             message["reasoning_content"] = output.reasoning
         if output.tool_calls:
@@ -132,10 +145,18 @@ class ChatAdapter(ApiAdapter):
 
     def stream(self, output: CallOutput, request: ChatCompletionRequest) -> list[bytes]:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        base = {"id": output.response_id, "object": "chat.completion.chunk", "created": output.created, "model": output.model}
+        base = {
+            "id": output.response_id,
+            "object": "chat.completion.chunk",
+            "created": output.created,
+            "model": output.model,
+        }
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            body: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            body: dict[str, Any] = {
+                **base,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            }
             if include_usage:
                 body["usage"] = None
             return sse(body)
@@ -146,7 +167,12 @@ class ChatAdapter(ApiAdapter):
         if output.text:
             events += [chunk({"content": c}) for c in chunks(output.text)]
         for index, call in enumerate(output.tool_calls):
-            opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            opening = {
+                "index": index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
             events.append(chunk({"tool_calls": [opening]}))
             events += [
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": c}}]})

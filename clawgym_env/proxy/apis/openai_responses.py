@@ -142,18 +142,26 @@ class ResponsesAdapter(ApiAdapter):
                 return [Message("system", text)]
             if role in ("user", "assistant"):
                 return [Message(role, text)]
-            raise ProxyError("invalid_request", f"{param}.role must be user, assistant, system or developer", f"{param}.role")
+            raise ProxyError(
+                "invalid_request", f"{param}.role must be user, assistant, system or developer", f"{param}.role"
+            )
         if kind == "function_call":
             if not item.name:
-                raise ProxyError("invalid_request", f"{param}.name is required for a function_call item", f"{param}.name")
+                raise ProxyError(
+                    "invalid_request", f"{param}.name is required for a function_call item", f"{param}.name"
+                )
             name = flat_tool_name(item.namespace, item.name)
             return [Message("assistant", tool_calls=[ToolCall(name, parse_arguments(item.arguments), item.call_id)])]
         if kind == "custom_tool_call":
-            return [Message("assistant", tool_calls=[ToolCall(item.name or "", {"input": item.input or ""}, item.call_id)])]
+            return [
+                Message("assistant", tool_calls=[ToolCall(item.name or "", {"input": item.input or ""}, item.call_id)])
+            ]
         if kind in ("function_call_output", "custom_tool_call_output"):
             return [Message("tool", content_text(item.output, f"{param}.output"), tool_call_id=item.call_id)]
         if kind == "reasoning":
-            text = _summary_text(item.summary) or _summary_text(item.content if isinstance(item.content, list) else None)
+            text = _summary_text(item.summary) or _summary_text(
+                item.content if isinstance(item.content, list) else None
+            )
             return [Message("assistant", reasoning=text)] if text else []
         raise ProxyError(
             "invalid_request",
@@ -203,7 +211,9 @@ class ResponsesAdapter(ApiAdapter):
         output.extra["items"] = items
         return items
 
-    def _response(self, output: CallOutput, request: ResponsesRequest, items: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    def _response(
+        self, output: CallOutput, request: ResponsesRequest, items: list[dict[str, Any]], status: str
+    ) -> dict[str, Any]:
         incomplete = status == "incomplete"
         return {
             "id": output.response_id,
@@ -257,16 +267,44 @@ class ResponsesAdapter(ApiAdapter):
         for index, item in enumerate(items):
             item_id = item["id"]
             if item["type"] == "message":
-                emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+                emit(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                )
                 empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                 emit("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=empty)
                 text = item["content"][0]["text"]
                 for piece in chunks(text) if text else []:
-                    emit("response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=piece, logprobs=[])
-                emit("response.output_text.done", item_id=item_id, output_index=index, content_index=0, text=text, logprobs=[])
-                emit("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=item["content"][0])
+                    emit(
+                        "response.output_text.delta",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=0,
+                        delta=piece,
+                        logprobs=[],
+                    )
+                emit(
+                    "response.output_text.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                )
+                emit(
+                    "response.content_part.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=item["content"][0],
+                )
             elif item["type"] == "function_call":
-                emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "arguments": ""})
+                emit(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                )
                 for piece in chunks(item["arguments"]):
                     emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=piece)
                 emit(
@@ -277,13 +315,22 @@ class ResponsesAdapter(ApiAdapter):
                     arguments=item["arguments"],
                 )
             else:  # reasoning
-                emit("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+                emit(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                )
                 text = item["content"][0]["text"]
                 for piece in chunks(text):
-                    emit("response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=piece)
+                    emit(
+                        "response.reasoning_text.delta",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=0,
+                        delta=piece,
+                    )
                 emit("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text)
             emit("response.output_item.done", output_index=index, item=item)
         status = self._status(output)
         emit(f"response.{status}", response=self._response(output, request, items, status))
         return events
-

@@ -60,6 +60,7 @@ class RenderedPrompt:
     spliced_turns: int = 0
     rewritten_turns: int = 0  # spliced turns matched only after undoing a known harness rewrite
     assistant_turns: int = 0  # assistant turns in the conversation (the position a new generation takes)
+    control_token_texts: int = 0  # control tokens written as text in message content (encoded as plain text)
 
 
 @dataclass(slots=True)

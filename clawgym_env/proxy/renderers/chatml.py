@@ -6,14 +6,21 @@ ids as tokenizing the whole prompt (checked once per template against the tokeni
 `verify_against_template`). Blocks are cached, so a long system prompt or tool list is tokenized once.
 At an echoed assistant turn that matches an earlier generation, that generation's raw ids are spliced in
 instead of re-rendering it (see clawgym_env.proxy.splice).
+
+Only the template's own pieces may produce control tokens: text that arrives in a message (a tool's
+output, the user's text, a system prompt) is encoded with special tokens read as plain text, so a tool
+output that prints `<|im_end|>\n<|im_start|>system` cannot forge a turn; such attempts are counted.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
+
+from tokenizers import Tokenizer
 
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
 from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
@@ -33,6 +40,7 @@ TOOLS_FOOTER = (
 )
 
 Piece = tuple[str, SegmentKind]
+EncodedBlock = tuple[list[int], list[tuple[int, int, SegmentKind]], int]  # ids, kind runs, control-token texts
 _VERIFIED: set[tuple[str, int]] = set()
 
 
@@ -68,12 +76,12 @@ class ChatMLRenderer:
         self.im_end_id = self._token_id(IM_END)
         self.end_of_turn_id = self.im_end_id  # a generation that ends with it closes its turn
         self.end_of_text_id = self._backend.token_to_id(END_OF_TEXT)
-        self.stop_token_ids: tuple[int, ...] = tuple(
-            t for t in (self.im_end_id, self.end_of_text_id) if t is not None
-        )
-        self._cache: OrderedDict[tuple[Piece, ...], tuple[list[int], list[tuple[int, int, SegmentKind]]]] = (
-            OrderedDict()
-        )
+        self.stop_token_ids: tuple[int, ...] = tuple(t for t in (self.im_end_id, self.end_of_text_id) if t is not None)
+        self._cache: OrderedDict[tuple[Piece, ...], EncodedBlock] = OrderedDict()
+        specials = [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special]
+        self._special_ids = {text: self._backend.token_to_id(text) for text in specials}
+        self._special_re = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) or "(?!)")
+        self._plain_tokenizer: Tokenizer | None = None  # made on first need (see `_plain`)
         self._cache_size = cache_blocks
         self._lock = threading.Lock()
         self.generation_prompt: tuple[Piece, ...] = ((f"{IM_START}assistant\n", "template"),)
@@ -128,7 +136,11 @@ class ChatMLRenderer:
     def _tool_run_block(run: list[Message]) -> tuple[Piece, ...]:
         pieces: list[Piece] = [(f"{IM_START}user", "template")]
         for message in run:
-            pieces += [("\n<tool_response>\n", "template"), (message.content, "tool"), ("\n</tool_response>", "template")]
+            pieces += [
+                ("\n<tool_response>\n", "template"),
+                (message.content, "tool"),
+                ("\n</tool_response>", "template"),
+            ]
         pieces.append((f"{IM_END}\n", "template"))
         return tuple(pieces)
 
@@ -157,16 +169,21 @@ class ChatMLRenderer:
         return blocks
 
     # -------------------------------------------------------------------------------- tokenizing
-    def _encode_pieces(self, pieces: tuple[Piece, ...]) -> tuple[list[int], list[tuple[int, int, SegmentKind]]]:
-        """Token ids of one block and its kind runs [(start, end, kind)], cached by the block's pieces."""
+    def _encode_pieces(self, pieces: tuple[Piece, ...]) -> EncodedBlock:
+        """Token ids of one block, its kind runs [(start, end, kind)] and how many control tokens its message
+        text spelled out, cached by the block's pieces."""
         with self._lock:
             hit = self._cache.get(pieces)
             if hit is not None:
                 self._cache.move_to_end(pieces)
                 return hit
         text = "".join(p[0] for p in pieces)
-        encoding = self._backend.encode(text, add_special_tokens=False)
-        ids = list(encoding.ids)
+        forged = sum(len(self._special_re.findall(p[0])) for p in pieces if p[1] != "template")
+        if forged:
+            ids, offsets = self._encode_template_specials_only(pieces)
+        else:  # the usual case: one pass over the whole block
+            encoding = self._backend.encode(text, add_special_tokens=False)
+            ids, offsets = list(encoding.ids), encoding.offsets
         bounds: list[tuple[int, SegmentKind]] = []  # (end char, kind) per piece
         pos = 0
         for piece_text, kind in pieces:
@@ -174,7 +191,7 @@ class ChatMLRenderer:
             bounds.append((pos, kind))
         runs: list[tuple[int, int, SegmentKind]] = []
         b = 0
-        for t, (char_start, _) in enumerate(encoding.offsets):
+        for t, (char_start, _) in enumerate(offsets):
             while b < len(bounds) - 1 and char_start >= bounds[b][0]:
                 b += 1
             kind = bounds[b][1]
@@ -182,18 +199,60 @@ class ChatMLRenderer:
                 runs[-1] = (runs[-1][0], t + 1, kind)
             else:
                 runs.append((t, t + 1, kind))
-        result = (ids, runs)
+        result = (ids, runs, forged)
         with self._lock:
             self._cache[pieces] = result
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return result
 
+    @property
+    def _plain(self) -> Tokenizer:
+        """The same tokenizer with special tokens read as plain text (a copy: the setting is per tokenizer)."""
+        if self._plain_tokenizer is None:
+            plain = Tokenizer.from_str(self._backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain_tokenizer = plain
+        return self._plain_tokenizer
+
+    def _encode_template_specials_only(self, pieces: tuple[Piece, ...]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character offsets of a block whose message text spells control tokens: the template's
+        special tokens become their ids, and the text between them (message text included) is encoded
+        with special tokens read as plain text. Special tokens split the text for the tokenizer anyway, so
+        without forged tokens this gives the ids of the one-pass encoding."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        pending: list[str] = []
+        pending_at = pos = 0
+
+        def flush() -> None:
+            chunk = "".join(pending)
+            if chunk:
+                encoding = self._plain.encode(chunk, add_special_tokens=False)
+                ids.extend(encoding.ids)
+                offsets.extend((pending_at + a, pending_at + b) for a, b in encoding.offsets)
+            pending.clear()
+
+        for piece_text, kind in pieces:
+            cursor = 0
+            if kind == "template":
+                for match in self._special_re.finditer(piece_text):
+                    pending.append(piece_text[cursor : match.start()])
+                    flush()
+                    ids.append(self._special_ids[match.group()])
+                    offsets.append((pos + match.start(), pos + match.end()))
+                    cursor = match.end()
+                    pending_at = pos + cursor
+            pending.append(piece_text[cursor:])
+            pos += len(piece_text)
+        flush()
+        return ids, offsets
+
     # ------------------------------------------------------------------------------------ render
     def render(self, conversation: Conversation, splice: SpliceLookup | None = None) -> RenderedPrompt:
         ids: list[int] = []
         segments: list[PromptSegment] = []
-        drift = spliced = 0
+        drift = spliced = forged = 0
 
         def add(block_ids: list[int], runs: list[tuple[int, int, SegmentKind]], source: int | None = None) -> None:
             offset = len(ids)
@@ -206,7 +265,7 @@ class ChatMLRenderer:
                 else:
                     segments.append(PromptSegment(start=offset + start, end=offset + end, kind=kind, source_call=src))
 
-        header, header_runs = self._encode_pieces(self.generation_prompt)
+        header, header_runs, _ = self._encode_pieces(self.generation_prompt)
         position = rewritten = 0
         for message, pieces in self._blocks(conversation):
             if message is not None and splice is not None:
@@ -223,7 +282,9 @@ class ChatMLRenderer:
                 drift += 1
             elif message is not None:
                 position += 1
-            add(*self._encode_pieces(pieces))
+            block_ids, runs, block_forged = self._encode_pieces(pieces)
+            forged += block_forged
+            add(block_ids, runs)
         add(header, header_runs)
         return RenderedPrompt(
             prompt_ids=ids,
@@ -232,6 +293,7 @@ class ChatMLRenderer:
             spliced_turns=spliced,
             rewritten_turns=rewritten,
             assistant_turns=position,
+            control_token_texts=forged,
         )
 
     def count_tokens(self, conversation: Conversation) -> int:
@@ -273,7 +335,9 @@ class ChatMLRenderer:
         expected = self._backend.encode(self.template_text(conversation), add_special_tokens=False).ids
         got = self.render(conversation).prompt_ids
         if got != expected:
-            at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
+            at = next(
+                (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected))
+            )
             raise TemplateMismatch(
                 f"{self.name}: block-wise rendering differs from the tokenizer's chat template at token {at} "
                 f"(got {self.decode(got[at : at + 12])!r}, template {self.decode(expected[at : at + 12])!r}); "
@@ -296,7 +360,11 @@ class ChatMLRenderer:
 def probe_conversations() -> list[Conversation]:
     """Conversations that exercise every branch of the template (tools, tool runs, mid-conversation system)."""
     tools = [
-        ToolSpec("write", "Write a file.", {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}),
+        ToolSpec(
+            "write",
+            "Write a file.",
+            {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
+        ),
         ToolSpec("ls", "List files — non-ASCII ✓.", {"type": "object", "properties": {}}),
     ]
     turns = [

@@ -1,0 +1,404 @@
+"""vLLM as servers: start (or connect to) N vLLM OpenAI-compatible servers and use them as one engine.
+
+`VLLMServer` runs `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 with the settings the
+in-process engine uses (prefix caching, processed logprobs, ClawGym's worker extension, CPU defaults) and
+`VLLM_SERVER_DEV_MODE=1`, which opens `/collective_rpc` and `/reset_prefix_cache`.
+
+`VLLMServerPool` is the `InferenceEngine` over them; each server is reached through a `RemoteEngine`:
+- Weights: `update_weights` waits for calls in flight, writes the state dict once as a safetensors file in
+  `checkpoint_dir` (a disk every server can read), and asks every live server to load it through
+  `/collective_rpc` (`clawgym_load_weights_from_file`, run by the worker extension inside vLLM's worker),
+  then to reset its prefix cache. A server that fails is marked dead.
+- Versions: each call checks, on the server itself, that the loaded policy version is at least the one the
+  trainer asked for, before and after generating (a server restarted in between comes back at version 0
+  and the call is refused). A server behind is brought up to date from the newest checkpoint first.
+- Routing: a call whose prompt extends an earlier call's prompt + completion (the next turn of a rollout)
+  goes to the server that served it, whose prefix cache holds that context; other calls go to the live
+  server with the fewest calls in flight.
+- Failures: a dead server fails only the calls routed to it (counted in `stats.failed_calls`, raised as
+  `ServerUnavailable`); new rollouts go to the others; `revive()` (called before each routing of a new
+  rollout) takes a restarted server back after bringing its weights up to date.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawgym_env.engines.remote_engine import RemoteEngine
+from clawgym_env.interfaces import Generation, SamplingParams
+
+
+class ServerUnavailable(RuntimeError):
+    """The server a call was routed to is down, or could not be brought to the requested policy version."""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """One vLLM OpenAI-compatible server process on loopback (started here; `stop()` ends it)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        port: int | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        served_model_name: str = "policy",
+        max_batch_size: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        extra_args: Sequence[str] = (),
+        log_path: str | os.PathLike[str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        from clawgym_env.engines.cache import cache_root
+        from clawgym_env.engines.models import KNOWN_MODELS, ensure_model
+
+        self.model_path = str(ensure_model(model)) if model in KNOWN_MODELS else model
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.served_model_name = served_model_name
+        self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"clawgym-vllm-{self.port}.log"
+        self.cmd = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            served_model_name,
+            "--dtype",
+            dtype,
+            "--enable-prefix-caching",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--worker-extension-cls",
+            "clawgym_env.engines.vllm_engine.ClawGymWorkerExtension",
+        ]
+        if max_model_len:
+            self.cmd += ["--max-model-len", str(max_model_len)]
+        if max_batch_size:
+            self.cmd += ["--max-num-seqs", str(max_batch_size)]
+        self.cmd += list(extra_args) or self._device_args(kv_cache_memory_bytes)
+        repo = str(Path(__file__).resolve().parents[2])
+        self.env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc and /reset_prefix_cache
+            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(cache_root().parent / "vllm")),
+            "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
+            "HF_HUB_OFFLINE": "1",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def _device_args(kv_cache_memory_bytes: int | None) -> list[str]:
+        from clawgym_env.engines.vllm_engine import CPU_KV_CACHE_BYTES, on_cpu
+
+        if on_cpu():  # see vllm_engine.device_defaults
+            return ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES), "--enforce-eager"]
+        if kv_cache_memory_bytes:
+            return ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
+        return []
+
+    def start(self) -> VLLMServer:
+        env = dict(self.env)
+        from clawgym_env.engines.vllm_engine import on_cpu
+
+        if on_cpu():  # several servers share the cores: no pinning of every server's threads to core 0
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            env.setdefault("OMP_NUM_THREADS", "1")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        return self
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise ServerUnavailable(f"vLLM server on port {self.port} exited with {self.proc.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise ServerUnavailable(
+            f"vLLM server on port {self.port} not ready after {timeout_s:.0f} s; log: {self.log_path}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the server at once (its process group: vLLM's engine-core process goes too)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, 15)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@dataclass
+class ServerSlot:
+    url: str
+    client: RemoteEngine
+    alive: bool = True
+    in_flight: int = 0
+    served: int = 0
+    recent: deque[tuple[int, ...]] = field(default_factory=lambda: deque(maxlen=256))  # prompt + completion
+
+
+@dataclass
+class PoolStats:
+    calls: int = 0
+    failed_calls: int = 0  # calls that hit a dead server or a version check
+    servers_lost: int = 0
+    servers_revived: int = 0
+    weight_updates: int = 0
+    weight_update_s: float = 0.0
+
+
+class VLLMServerPool:
+    """One `InferenceEngine` over N vLLM servers (see the module docstring for routing and versions)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        model: str = "policy",
+        timeout_s: float = 600.0,
+        policy_version: int = 0,
+        servers: Sequence[VLLMServer] = (),
+    ) -> None:
+        if not urls:
+            raise ValueError("VLLMServerPool needs at least one server URL")
+        self.slots = [
+            ServerSlot(url, RemoteEngine(url, api="vllm", model=model, timeout_s=timeout_s, retries=1)) for url in urls
+        ]
+        self.checkpoint_dir = Path(checkpoint_dir or tempfile.mkdtemp(prefix="clawgym-weights-"))
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.latest_checkpoint: Path | None = None
+        self.policy_version = policy_version
+        self.servers = list(servers)  # the processes this pool started (closed with it)
+        self.stats = PoolStats()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._revive_lock = asyncio.Lock()
+
+    @classmethod
+    def launch(cls, model: str, n: int = 1, *, ready_timeout_s: float = 900.0, **server_options: Any) -> VLLMServerPool:
+        """Start `n` servers of `model` on free loopback ports and wait until all answer."""
+        servers = [VLLMServer(model, **server_options).start() for _ in range(n)]
+        try:
+            for server in servers:
+                server.wait_ready(ready_timeout_s)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        return cls([s.url for s in servers], servers=servers)
+
+    # ------------------------------------------------------------------------------------ server RPCs
+    async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
+        response = await self._http.post(f"{url}/collective_rpc", json={"method": method, "args": list(args)})
+        if response.status_code != 200:
+            raise ServerUnavailable(
+                f"{url}/collective_rpc {method} answered {response.status_code}: {response.text[:300]}"
+            )
+        return response.json()["results"]
+
+    async def server_version(self, url: str) -> int:
+        """The policy version loaded in every worker of the server (the lowest, if they differ)."""
+        return min(int(v) for v in await self._rpc(url, "clawgym_get_policy_version"))
+
+    async def _load(self, slot: ServerSlot, checkpoint: Path, version: int) -> None:
+        await self._rpc(slot.url, "clawgym_load_weights_from_file", str(checkpoint), str(version))
+        response = await self._http.post(f"{slot.url}/reset_prefix_cache")
+        if response.status_code != 200:
+            raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
+        slot.recent.clear()
+
+    def _lose(self, slot: ServerSlot) -> None:
+        if slot.alive:
+            slot.alive = False
+            self.stats.servers_lost += 1
+
+    async def _ensure_version(self, slot: ServerSlot) -> int:
+        """The server's version, after loading the newest checkpoint if it is behind the requested one."""
+        version = await self.server_version(slot.url)
+        if version < self.policy_version:
+            if self.latest_checkpoint is None:
+                raise ServerUnavailable(
+                    f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
+                )
+            await self._load(slot, self.latest_checkpoint, self.policy_version)
+            version = await self.server_version(slot.url)
+        return version
+
+    async def revive(self) -> None:
+        """Take back dead servers that answer again (restarted), once their weights are up to date."""
+        async with self._revive_lock:  # concurrent new rollouts probe once
+            await self._revive_unlocked()
+
+    async def _revive_unlocked(self) -> None:
+        for slot in self.slots:
+            if slot.alive:
+                continue
+            try:
+                if (await self._http.get(f"{slot.url}/health", timeout=2)).status_code != 200:
+                    continue
+                if await self._ensure_version(slot) >= self.policy_version:
+                    slot.alive = True
+                    slot.recent.clear()
+                    self.stats.servers_revived += 1
+            except (httpx.HTTPError, ServerUnavailable):
+                continue
+
+    # ------------------------------------------------------------------------------------------ routing
+    def _sticky(self, prompt_ids: list[int]) -> ServerSlot | None:
+        best, best_len = None, 0
+        for slot in self.slots:
+            for seq in slot.recent:
+                if best_len < len(seq) <= len(prompt_ids) and tuple(prompt_ids[: len(seq)]) == seq:
+                    best, best_len = slot, len(seq)
+        return best
+
+    async def _route(self, prompt_ids: list[int]) -> ServerSlot:
+        slot = self._sticky(prompt_ids)
+        if slot is not None:
+            if not slot.alive:
+                raise ServerUnavailable(f"{slot.url} holding this rollout is down")
+            return slot
+        if not all(s.alive for s in self.slots):
+            await self.revive()
+        live = [s for s in self.slots if s.alive]
+        if not live:
+            raise ServerUnavailable(f"all {len(self.slots)} vLLM servers are down")
+        return min(live, key=lambda s: (s.in_flight, s.served))
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        self._loop = asyncio.get_running_loop()
+        await self._resume.wait()  # a weight update is in progress
+        self.stats.calls += 1
+        try:
+            slot = await self._route(prompt_ids)
+        except ServerUnavailable:
+            self.stats.failed_calls += 1
+            raise
+        required = self.policy_version
+        slot.in_flight += 1
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            before = await self._ensure_version(slot)
+            if before < required:
+                raise ServerUnavailable(
+                    f"{slot.url} serves policy version {before}, older than the requested {required}"
+                )
+            gen = await slot.client.generate(prompt_ids, sampling)
+            after = await self.server_version(slot.url)
+            if after != before:  # restarted (or reloaded) while generating: not one policy's output
+                raise ServerUnavailable(f"{slot.url} changed policy version {before} -> {after} during the call")
+        except (httpx.HTTPError, ServerUnavailable, OSError) as exc:
+            self.stats.failed_calls += 1
+            if not isinstance(exc, ServerUnavailable) or "during the call" in str(exc):
+                self._lose(slot)
+            if isinstance(exc, ServerUnavailable):
+                raise
+            raise ServerUnavailable(f"{slot.url} failed: {exc!r}") from exc
+        finally:
+            slot.in_flight -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        slot.served += 1
+        slot.recent.append(tuple(prompt_ids) + tuple(gen.token_ids))
+        return gen.model_copy(update={"policy_version": before})
+
+    # ---------------------------------------------------------------------------------------- weights
+    async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Write one checkpoint, load it into every live server, reset their prefix caches, bump the version."""
+        from clawgym_env.engines.vllm_engine import save_weights
+
+        self._resume.clear()
+        try:
+            await self._idle.wait()
+            started = time.perf_counter()
+            path = self.checkpoint_dir / f"policy-v{version}.safetensors"
+            await asyncio.to_thread(save_weights, state_dict, path)
+            self.policy_version = version
+            old, self.latest_checkpoint = self.latest_checkpoint, path
+            live = [s for s in self.slots if s.alive]
+            results = await asyncio.gather(*(self._load(s, path, version) for s in live), return_exceptions=True)
+            for slot, result in zip(live, results):
+                if isinstance(result, BaseException):
+                    self._lose(slot)
+            if old is not None and old != path:
+                old.unlink(missing_ok=True)
+            self.stats.weight_updates += 1
+            self.stats.weight_update_s += time.perf_counter() - started
+        finally:
+            self._resume.set()
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Blocking form for a trainer thread; inside the pool's event loop use `await aupdate_weights(...)`."""
+        if self._loop is None or self._loop.is_closed():
+            asyncio.run(self.aupdate_weights(state_dict, version))
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            raise RuntimeError(
+                "update_weights() would block the pool's event loop; use `await pool.aupdate_weights(...)`"
+            )
+        asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
+
+    async def aclose(self) -> None:
+        for slot in self.slots:
+            await slot.client.aclose()
+        await self._http.aclose()
+        for server in self.servers:
+            server.stop()
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()

@@ -1,0 +1,132 @@
+"""VLLMServerPool on two real vLLM server processes of tiny-qwen3-h64 (loopback): routing, weights reaching every
+server, per-call version checks, a server killed mid-run and restarted.
+
+The servers are started once for the module (~1 min each on the shared 2-core machine, started in parallel);
+the tests run in order on one event loop and build on each other's state (versions, a killed server).
+"""
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+import torch
+
+from clawgym_env.engines.vllm_engine import VLLM_MISSING, vllm_available
+from clawgym_env.interfaces import SamplingParams
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING),
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(900),
+]
+
+MODEL = "tiny-qwen3-h64"
+FLOAT32_TOLERANCE = 1e-4  # as for the in-process engine (test_vllm_engine.LOGPROB_TOLERANCE)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool(tmp_path_factory):
+    from clawgym_env.engines.vllm_server import VLLMServerPool
+
+    p = await asyncio.to_thread(
+        VLLMServerPool.launch, MODEL, 2, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 * 2**20
+    )
+    p.checkpoint_dir = tmp_path_factory.mktemp("weights")
+    yield p
+    await p.aclose()
+    assert not any(s.alive() for s in p.servers)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from clawgym_env.engines.models import load_policy_model
+
+    model, _ = load_policy_model(MODEL)
+    return model
+
+
+def teacher_forced(model, prompt, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0]
+    logp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(ids)], -1)
+    return [float(logp[i, t]) for i, t in enumerate(ids)]
+
+
+def prompts(qwen_tok, n, tag):
+    return [
+        qwen_tok.apply_chat_template(
+            [{"role": "user", "content": f"{tag} task {i}: list the files."}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        for i in range(n)
+    ]
+
+
+def holder(pool, seq):
+    return [s for s in pool.slots if tuple(seq) in s.recent]
+
+
+async def test_rollouts_spread_over_servers_and_stick_to_theirs(pool, qwen_tok, hf_model):
+    firsts = prompts(qwen_tok, 4, "spread")
+    gens = await asyncio.gather(*(pool.generate(p, SamplingParams(max_tokens=8, seed=i)) for i, p in enumerate(firsts)))
+    assert all(s.served >= 1 for s in pool.slots)  # concurrent new rollouts went to both servers
+    for p, g in zip(firsts, gens):
+        assert max(abs(a - b) for a, b in zip(g.logprobs, teacher_forced(hf_model, p, g.token_ids))) < FLOAT32_TOLERANCE
+    # each rollout's next turn goes to the server holding its context
+    for p, g in zip(firsts, gens):
+        (owner,) = holder(pool, p + g.token_ids)
+        turn2 = p + g.token_ids + [198]
+        g2 = await pool.generate(turn2, SamplingParams(max_tokens=4, seed=9))
+        assert holder(pool, turn2 + g2.token_ids) == [owner]
+
+
+async def test_weight_update_reaches_every_server(pool, qwen_tok, hf_model):
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            if "mlp" in name or "self_attn" in name:
+                param.mul_(1.5)
+    await pool.aupdate_weights(hf_model.state_dict(), 1)
+    assert [await pool.server_version(s.url) for s in pool.slots] == [1, 1]
+    firsts = prompts(qwen_tok, 4, "after-update")
+    gens = await asyncio.gather(*(pool.generate(p, SamplingParams(max_tokens=8, seed=i)) for i, p in enumerate(firsts)))
+    assert all(any(tuple(p + g.token_ids) in s.recent for p, g in zip(firsts, gens)) for s in pool.slots)
+    for p, g in zip(firsts, gens):
+        assert g.policy_version == 1
+        assert max(abs(a - b) for a, b in zip(g.logprobs, teacher_forced(hf_model, p, g.token_ids))) < FLOAT32_TOLERANCE
+
+
+async def test_killed_server_fails_only_its_rollouts_then_restart_is_survived(pool, qwen_tok, hf_model):
+    from clawgym_env.engines.vllm_server import ServerUnavailable
+
+    firsts = prompts(qwen_tok, 2, "kill")
+    gens = await asyncio.gather(*(pool.generate(p, SamplingParams(max_tokens=6, seed=i)) for i, p in enumerate(firsts)))
+    owners = [holder(pool, p + g.token_ids)[0] for p, g in zip(firsts, gens)]
+    assert owners[0] is not owners[1]
+    victim = pool.servers[pool.slots.index(owners[0])]
+    await asyncio.to_thread(victim.kill)
+
+    failed = pool.stats.failed_calls
+    with pytest.raises(ServerUnavailable):  # the rollout on the killed server fails ...
+        await pool.generate(firsts[0] + gens[0].token_ids + [198], SamplingParams(max_tokens=4))
+    with pytest.raises(ServerUnavailable, match="down"):  # ... and stays failed (its context is gone)
+        await pool.generate(firsts[0] + gens[0].token_ids + [198, 13], SamplingParams(max_tokens=4))
+    assert pool.stats.failed_calls == failed + 2 and pool.stats.servers_lost == 1
+    # ... while the other rollout continues, and new rollouts go to the live server
+    ok = await pool.generate(firsts[1] + gens[1].token_ids + [198], SamplingParams(max_tokens=4))
+    assert ok.policy_version == 1
+    fresh_prompt = prompts(qwen_tok, 1, "while-down")[0]
+    fresh = await pool.generate(fresh_prompt, SamplingParams(max_tokens=4))
+    assert fresh.policy_version == 1 and holder(pool, fresh_prompt + fresh.token_ids) == [owners[1]]
+
+    # restarted (initial weights, version 0): revived only after it is brought to version 1
+    await asyncio.to_thread(lambda: (victim.start(), victim.wait_ready(900)))
+    assert await pool.server_version(victim.url) == 0
+    new = prompts(qwen_tok, 2, "after-restart")
+    gens = await asyncio.gather(*(pool.generate(p, SamplingParams(max_tokens=8, seed=i)) for i, p in enumerate(new)))
+    assert pool.stats.servers_revived == 1 and owners[0].alive
+    assert await pool.server_version(victim.url) == 1
+    for p, g in zip(new, gens):
+        assert g.policy_version == 1
+        assert max(abs(a - b) for a, b in zip(g.logprobs, teacher_forced(hf_model, p, g.token_ids))) < FLOAT32_TOLERANCE
