@@ -26,9 +26,20 @@ HARNESSES = ["WhiteBox", "Pi", "ClaudeCode"]
 
 
 def starting_rewards(
-    model: str, harnesses: list[str], *, suite: str, level: int, count: int, out: Path, concurrency: int | None
+    model: str,
+    harnesses: list[str],
+    *,
+    suite: str,
+    level: int,
+    count: int,
+    out: Path,
+    concurrency: int | None,
+    rollout_timeout_s: float,
 ) -> list[dict[str, object]]:
-    """One greedy evaluation per harness; a row each with mean reward, successes, failures and time."""
+    """One greedy evaluation per harness; a row each with mean reward, successes, failures and time.
+
+    The rollout limit is generous on purpose: a timeout scores 0 and would measure the machine's load,
+    not the policy (a CPU prefill of Claude Code's ~4k-token prompt takes minutes on a loaded 2-core box)."""
     policy = make_eval_policy(model)
     rows = []
     for harness in harnesses:
@@ -40,7 +51,7 @@ def starting_rewards(
             count=count,
             temperature=0.0,
             concurrency=concurrency,
-            env_overrides=dict(RECIPE_LIMITS),
+            env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s},
             run_dir=out / harness,
             model_name=model,
             progress=False,
@@ -63,6 +74,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     parser.add_argument("--level", type=int, default=0)
     parser.add_argument("--count", type=int, default=8, help="held-out task instances per harness")
     parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: machine's)")
+    parser.add_argument("--rollout-timeout-s", type=float, default=1800.0, help="per rollout (timeouts score 0)")
     parser.add_argument("--out", type=Path, default=Path("runs") / "starting-rewards")
     args = parser.parse_args(argv)
     rows = starting_rewards(
@@ -73,6 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
         count=args.count,
         out=args.out,
         concurrency=args.concurrency,
+        rollout_timeout_s=args.rollout_timeout_s,
     )
     table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, greedy, 1 rollout/task")
     for column in ("harness", "mean reward", "successes", "failed", "wall s", "failure reasons"):
