@@ -5,7 +5,9 @@
     (everything after `--` is a Hydra override of trainers/conf, as for `clawgym train`)
 
 For each algorithm and seed it trains from scratch (`trainers.loop.train`), reading the held-out reward
-(the env's eval split, per harness) at the start (after the warm start if enabled) and at the end.
+(the env's eval split, per harness) at the start (after the warm start if enabled) and at the end. The
+start evaluation without warm start is measured once per seed and reused by the other algorithm
+(<out>/eval-cache, `evaluation.EvalCache`).
 Noise is the standard deviation over seeds of the start reward (the spread of the measurement itself);
 the run passes when the mean gain (end - start) exceeds max(noise, std of the gain over seeds) and is
 positive. Results go to <out>/learning_curve.json and the per-run folders.
@@ -26,8 +28,9 @@ from trainers.main import compose
 
 
 def finished_summary(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
-    """The summary of an earlier run in `run_dir` with the same config (run dir and display aside), if any:
-    a benchmark of hours is resumable run by run."""
+    """The summary of an earlier run in `run_dir` with the same config (run dir, display, evaluation
+    concurrency and cache aside: they change how fast a run measures, not what), if any: a benchmark of
+    hours is resumable run by run."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         done = json.loads((run_dir / "config.json").read_text())
@@ -37,13 +40,24 @@ def finished_summary(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
     for c in (done, want):
         c.pop("run_dir", None)
         c.get("logging", {}).pop("progress", None)
+        for speed_only in ("concurrency", "cache_dir"):
+            c.get("eval", {}).pop(speed_only, None)
     return summary if done == want and summary.get("eval_end") else None
 
 
 def run(algorithm: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
+    """One algorithm at one seed; the untrained policy's start evaluation is shared through <out>/eval-cache
+    (the other algorithm at the same seed starts from the same policy, tasks and sampling seed)."""
     run_dir = out / f"{algorithm}-seed{seed}"
     cfg = compose(
-        [f"algorithm={algorithm}", f"seed={seed}", f"run_dir={run_dir}", "logging.progress=false", *overrides]
+        [
+            f"algorithm={algorithm}",
+            f"seed={seed}",
+            f"run_dir={run_dir}",
+            "logging.progress=false",
+            f"eval.cache_dir={out / 'eval-cache'}",
+            *overrides,
+        ]
     )
     start = time.perf_counter()
     summary = finished_summary(run_dir, cfg)

@@ -204,6 +204,9 @@ class HarnessResult(BaseModel):
     turns: int = 0
     error: str | None = None
     timed_out: bool = False
+    # The rollout budget the harness stopped at by itself ("call_cap"), where it never asks past it (the
+    # white-box loop); a CLI harness learns of the cap from the proxy's refusal instead.
+    stopped_at_budget: str | None = None
     wall_s: float = 0.0
     startup_s: float | None = None  # time before the first model call, where known
     stdout_tail: str = ""

@@ -56,7 +56,7 @@ class RolloutResult(BaseModel):
     forest: TrajectoryForest
     calls: list[ModelCall] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
-    truncated_by: str | None = None  # "call_cap" | "token_cap": cut off by the proxy, scored (score_capped)
+    truncated_by: str | None = None  # "call_cap" | "token_cap": cut at the rollout budget, scored (score_capped)
 
     def info(self) -> dict[str, Any]:
         """The `info` dict of `env.step`."""
@@ -215,7 +215,7 @@ async def harness_stage(
         raise StageFailed("timeout", f"harness adapter did not return within {timeout_s + 30:.0f} s") from None
     except Exception as exc:  # noqa: BLE001
         raise StageFailed("harness", f"{exc!r}\n{traceback.format_exc(limit=3)}") from exc
-    truncated_by = budget_cap_hit(proxy, ctx.rollout_id) if options.score_capped else None
+    truncated_by = (budget_cap_hit(proxy, ctx.rollout_id) or result.stopped_at_budget) if options.score_capped else None
     if result.timed_out:
         raise StageFailed("timeout", f"harness ran past its {timeout_s:.0f} s limit", result)
     if not result.success and truncated_by is None:

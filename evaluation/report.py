@@ -142,6 +142,7 @@ class EvalReport(SavedReport):
     failure_reasons: dict[str, dict[str, int]] = Field(default_factory=dict)  # stage -> reason -> count
     wall_s: float = 0.0
     run_dir: str | None = None
+    cached_from: str | None = None  # the cache entry this report was read from (None: measured by this call)
 
     def tables(self) -> list[Table]:
         from evaluation.tables import category_table, env_table, harness_table  # tables import this module

@@ -20,6 +20,7 @@ from typing import Any
 
 from clawgym_env.interfaces import Policy
 from clawgym_env.specs import TaskSpec
+from evaluation.cache import EvalCache, EvalKey, default_concurrency
 from evaluation.report import EvalConfig, EvalReport, EvalRow, build_report
 from evaluation.task_selection import select_tasks
 
@@ -100,7 +101,7 @@ def evaluate(
     *,
     split: str = "test",
     repeats: int = 1,
-    concurrency: int = 2,
+    concurrency: int | None = None,
     level: int | None = None,
     count: int | None = None,
     seed: int = 0,
@@ -112,6 +113,8 @@ def evaluate(
     model_name: str | None = None,
     save: bool = True,
     progress: bool = True,
+    cache: EvalCache | None = None,
+    policy_key: dict[str, Any] | None = None,
 ) -> EvalReport:
     """Run every task instance of `split` (or `count` of them) under each env, `repeats` times.
 
@@ -119,6 +122,10 @@ def evaluate(
     loaders that take one). `temperature` and `env_overrides` (any EnvOptions field: backend,
     max_calls, rollout_timeout_s, ...) apply to every env. Results go to `run_dir` (default
     `runs/eval-<time>`): results.json, table.txt, eval.png, and the proxy's call log.
+    `concurrency` is how many rollouts run at once (default: `default_concurrency()`, what the machine
+    holds). With a `cache` and a `policy_key` (what the policy is: model, weights seed, checkpoint), an
+    evaluation whose key (policy, tasks, seeds, sampling, harness) was measured before is read back
+    instead of run again (`report.cached_from` names the entry).
     """
     import clawgym_env
     from clawgym_env.env import ClawGymEnv
@@ -126,6 +133,8 @@ def evaluate(
 
     if not env_ids:
         raise ValueError("evaluate needs at least one environment id, e.g. ClawGymBench-WhiteBox")
+    if concurrency is None:
+        concurrency = default_concurrency()
     if repeats < 1 or concurrency < 1:
         raise ValueError(f"repeats and concurrency must be >= 1 (got repeats={repeats}, concurrency={concurrency})")
     if count is not None and count < 1:
@@ -143,11 +152,22 @@ def evaluate(
     start = time.perf_counter()
     try:
         jobs: list[tuple[Any, TaskSpec, int]] = []
+        envs, env_tasks = [], []
         for env_id in env_ids:
             base = clawgym_env.make(env_id, **overrides)
             env = ClawGymEnv(base.env_spec, base.suite, base.harness, base.options, runtime=runtime)
             tasks = select_tasks(env, level=level, count=count, seed=seed)
+            envs.append(env)
+            env_tasks.append(tasks)
             jobs += [(env, task, r) for task in tasks for r in range(repeats)]
+        key = None
+        if cache is not None and policy_key is not None:
+            key = _cache_key(envs, env_tasks, policy_key, repeats, seed, temperature, success_threshold, failed_as_zero)
+            stored = cache.get(key)
+            if stored is not None:
+                report = EvalReport.model_validate(stored)
+                report.cached_from = str(cache.path(key))
+                return report
         # Start the shared proxy once, before the rollouts race to start it (Runtime.proxy is not locked).
         runtime.run(runtime.proxy())
         rows = _run_with_progress(runtime, jobs, policy, concurrency, success_threshold, progress)
@@ -171,6 +191,62 @@ def evaluate(
     report.run_dir = str(run_dir)
     if save:
         report.save(run_dir)
+    if key is not None and cache is not None:
+        cache.put(key, report.model_dump(mode="json"), env_ids=list(env_ids))
+    return report
+
+
+def _cache_key(
+    envs: list[Any],
+    tasks: list[list[TaskSpec]],
+    policy_key: dict[str, Any],
+    repeats: int,
+    seed: int,
+    temperature: float | None,
+    threshold: float,
+    failed_as_zero: bool,
+) -> EvalKey:
+    return EvalKey.for_envs(
+        "evaluate",
+        policy=policy_key,
+        envs=envs,
+        tasks=tasks,
+        repeats=repeats,
+        sampling_seed=seed,
+        temperature=temperature,
+        extra={"threshold": threshold, "failed_as_zero": failed_as_zero},
+    )
+
+
+def cached_evaluation(
+    env_ids: Sequence[str],
+    *,
+    cache: EvalCache,
+    policy_key: dict[str, Any],
+    split: str = "test",
+    repeats: int = 1,
+    level: int | None = None,
+    count: int | None = None,
+    seed: int = 0,
+    success_threshold: float = 1.0,
+    failed_as_zero: bool = True,
+    temperature: float | None = None,
+    env_overrides: dict[str, Any] | None = None,
+) -> EvalReport | None:
+    """What `evaluate` with these arguments would read back from `cache`, or None; runs nothing (for plans)."""
+    import clawgym_env
+
+    overrides: dict[str, Any] = {"split": split, **(env_overrides or {})}
+    if temperature is not None:
+        overrides["temperature"] = temperature
+    envs = [clawgym_env.make(env_id, **overrides) for env_id in env_ids]
+    tasks = [select_tasks(env, level=level, count=count, seed=seed) for env in envs]
+    key = _cache_key(envs, tasks, policy_key, repeats, seed, temperature, success_threshold, failed_as_zero)
+    stored = cache.get(key)
+    if stored is None:
+        return None
+    report = EvalReport.model_validate(stored)
+    report.cached_from = str(cache.path(key))
     return report
 
 

@@ -5,7 +5,15 @@
 Traps handled here (docs/harnesses.md): as root, skipping permissions needs IS_SANDBOX=1; stream-json needs
 --verbose; without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC a title side call reaches the policy; the
 default tool set is ~64k characters of schemas (too long for a small model), so `--tools` narrows it;
-retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx).
+retries are set on purpose (default 10 retries cost ~180 s on a persistent 5xx). A call whose first byte
+takes 300 s is dropped three ways: Bun's fetch idle timeout (lifted by `API_FORCE_IDLE_TIMEOUT=0`), the
+stream idle watchdog (`CLAUDE_STREAM_IDLE_TIMEOUT_MS`, 300 s at least) and the request timeout
+(`API_TIMEOUT_MS`, 600 s). A CPU policy's first token can take that long when several ~4k-token Claude Code
+prompts queue for prefill on a loaded machine, so the watchdogs follow the rollout's own time limit (the
+rollout timeout stays the one guard against a hung call). Auto memory is off
+(`CLAUDE_CODE_DISABLE_AUTO_MEMORY`): a rollout's home is thrown away, so there is nothing to remember, and
+its system-prompt section (~500 tokens telling the model to "write to it directly with the Write tool" and
+index it in MEMORY.md) made the 0.5B policy write MEMORY.md instead of the task's file.
 """
 
 from __future__ import annotations
@@ -18,6 +26,13 @@ from clawgym_env.specs import ApiStyle
 from harness_adapters.base import CliHarnessAdapter, LaunchPlan, ParsedRun, parse_jsonl
 
 DEFAULT_TOOLS = "Bash,Read,Edit,Write,Glob,Grep"
+CLIENT_TIMEOUT_FLOOR_MS = 300_000  # Claude Code's own stream idle timeout, which it never goes below
+
+
+def client_timeout_ms(rollout_timeout_s: float) -> int:
+    """Claude Code's per-call client timeouts: the rollout's limit, so a slow first token (a queued prefill on
+    a loaded CPU) is waited for instead of dropped; the rollout timeout still ends a hung harness."""
+    return max(CLIENT_TIMEOUT_FLOOR_MS, int(rollout_timeout_s * 1000))
 
 
 class ClaudeCodeAdapter(CliHarnessAdapter):
@@ -79,6 +94,10 @@ class ClaudeCodeAdapter(CliHarnessAdapter):
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
+            "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
+            "API_FORCE_IDLE_TIMEOUT": "0",
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
+            "API_TIMEOUT_MS": str(client_timeout_ms(ctx.timeout_s)),
         }
         if self.mcp_servers:
             # -p starts MCP servers in the background and may make its first call before they connect;

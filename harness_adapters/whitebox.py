@@ -395,8 +395,11 @@ class WhiteBoxAdapter:
             await asyncio.wait_for(loop(), timeout=ctx.timeout_s)
         except TimeoutError:
             timed_out, error = True, f"WhiteBox ran past its {ctx.timeout_s:.0f} s limit"
+        stopped_at_budget = None
         if not episode.done and error is None:
             error = f"WhiteBox reached its turn cap ({max_turns}) without a final answer"
+            if limits and max_turns == limits.max_calls:
+                stopped_at_budget = "call_cap"  # the rollout's call budget, as a CLI harness meets it at the proxy
         return HarnessResult(
             harness=self.name,
             exit_code=0 if episode.done else 1,
@@ -406,6 +409,7 @@ class WhiteBoxAdapter:
             turns=len(episode.calls),
             error=error,
             timed_out=timed_out,
+            stopped_at_budget=stopped_at_budget,
             wall_s=time.perf_counter() - t0,
             startup_s=0.0,
         )

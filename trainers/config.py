@@ -74,6 +74,10 @@ class EvalSettings(Strict):
     repeats: int = Field(default=2, ge=1)
     temperature: float | None = Field(default=None, ge=0, description="null = algorithm.temperature")
     at_start: bool = True
+    concurrency: int | None = Field(default=None, ge=1, description="rollouts at once; null = what the machine holds")
+    cache_dir: str | None = (
+        None  # reuse the untrained policy's start evaluation across runs (same model/tasks/seeds/harness)
+    )
 
 
 class CheckpointSettings(Strict):

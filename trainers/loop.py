@@ -196,14 +196,22 @@ def tree_metrics(forests: list[Any]) -> dict[str, float]:
     return {f"tree/{k}": float(getattr(total, k)) for k in keep}
 
 
-def held_out_reward(envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int) -> dict[str, float]:
-    """Mean held-out reward per harness (failed rollouts count 0) and overall."""
+def held_out_reward(
+    envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int, concurrency: int | None = None
+) -> dict[str, float]:
+    """Mean held-out reward per harness (failed rollouts count 0) and overall; at most `concurrency`
+    rollouts at once (default: what the machine holds, evaluation.default_concurrency)."""
+    from evaluation import default_concurrency
 
-    async def run_all() -> list[list[Any]]:
+    gate = asyncio.Semaphore(concurrency or default_concurrency())
+
+    async def one(env: Any, task: Any) -> Any:
+        async with gate:
+            return await env.arollout(policy, task)
+
+    async def run_all() -> list[Any]:
         return list(
-            await asyncio.gather(
-                *(env.arollout(policy, t) for env, ts in zip(envs, tasks) for t in ts for _ in range(repeats))
-            )
+            await asyncio.gather(*(one(env, t) for env, ts in zip(envs, tasks) for t in ts for _ in range(repeats)))
         )
 
     results = envs[0].runtime.run(run_all())
@@ -218,6 +226,30 @@ def held_out_reward(envs: list[Any], tasks: list[list[Any]], policy: Any, repeat
     out["eval_reward_mean"] = float(np.mean([x for v in by_harness.values() for x in v]))
     out["eval_rollouts"] = float(i)
     return out
+
+
+def start_eval_key(cfg: TrainConfig, envs: list[Any], tasks: list[list[Any]]) -> Any:
+    """What the untrained policy's held-out reward depends on; equal keys across runs share one measurement."""
+    from evaluation import EvalKey
+
+    policy = {
+        "model": cfg.model.name,
+        "weights_seed": cfg.model.seed,
+        "dtype": cfg.model.dtype,
+        "lora": cfg.model.lora.model_dump(),
+        "engine": cfg.engine.model_dump(),
+        "checkpoint": None,
+    }
+    temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.algorithm.temperature
+    return EvalKey.for_envs(
+        "held_out_reward",
+        policy=policy,
+        envs=envs,
+        tasks=tasks,
+        repeats=cfg.eval.repeats,
+        sampling_seed=cfg.seed,
+        temperature=temperature,
+    )
 
 
 # ------------------------------------------------------------------------------------------- the loop
@@ -262,12 +294,9 @@ class Run:
         return self.run_dir / "checkpoints"
 
     def evaluate(self, label: str) -> dict[str, float]:
-        """Held-out reward per harness (rank 0 runs it, every rank gets it), logged under `label`."""
-        metrics = (
-            held_out_reward(self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats)
-            if self.main_rank
-            else {}
-        )
+        """Held-out reward per harness (rank 0 runs it, every rank gets it), logged under `label`. The start
+        evaluation of an untrained policy is read from eval.cache_dir when an equal one was measured before."""
+        metrics = self._measure(label) if self.main_rank else {}
         metrics = D.broadcast_object(metrics)
         self.logger.log({**metrics, "label": label}, self.trainer.step, kind="eval")
         if self.main_rank:
@@ -275,6 +304,24 @@ class Run:
                 f"[bold]eval ({label}, step {self.trainer.step})[/bold] "
                 + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k.startswith("eval_reward"))
             )
+        return metrics
+
+    def _measure(self, label: str) -> dict[str, float]:
+        cache = key = None
+        if label == "start" and self.cfg.eval.cache_dir and self.trainer.step == 0:
+            from evaluation import EvalCache
+
+            cache = EvalCache(self.cfg.eval.cache_dir)
+            key = start_eval_key(self.cfg, self.eval_envs, self.eval_tasks)
+            cached = cache.get(key)
+            if cached is not None:
+                console.print(f"eval (start): reusing {cache.path(key)}")
+                return {**cached, "eval_cached": 1.0}
+        metrics = held_out_reward(
+            self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats, self.cfg.eval.concurrency
+        )
+        if cache is not None and key is not None:
+            cache.put(key, metrics, run_dir=str(self.run_dir))
         return metrics
 
 

@@ -54,6 +54,25 @@ def test_claude_code_plan_narrows_tools_and_points_every_model_at_the_policy() -
     assert plan.env["ANTHROPIC_MODEL"] == plan.env["ANTHROPIC_SMALL_FAST_MODEL"] == "policy"
     assert plan.env["CLAUDE_CODE_MAX_RETRIES"] == "2" and plan.env["IS_SANDBOX"] == "1"
     assert plan.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert plan.env["CLAUDE_CODE_DISABLE_AUTO_MEMORY"] == "1"  # its prompt section lured the policy to MEMORY.md
+
+
+def test_claude_code_waits_for_a_slow_first_token_as_long_as_the_rollout_may_run() -> None:
+    """Its client drops a call with no byte for 300 s (a queued 4k-token prefill on a loaded CPU took longer:
+    all 8 first calls of a held-out evaluation were dropped at 303 s):
+    the client timeouts follow the rollout's limit, never below Claude Code's own floor."""
+    slow = HarnessContext(
+        sandbox=SandboxStub(),
+        task=write_task(),
+        base_url="http://127.0.0.1:9/rollouts/r1",
+        api_key="sk-test",
+        model_name="policy",
+        timeout_s=1200,
+    )  # type: ignore[arg-type]
+    plan = ClaudeCodeAdapter().plan(slow, "/root/h")
+    assert plan.env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == plan.env["API_TIMEOUT_MS"] == "1200000"
+    assert plan.env["API_FORCE_IDLE_TIMEOUT"] == "0"  # Bun's own 300 s fetch timeout off
+    assert ClaudeCodeAdapter().plan(ctx(), "/root/h").env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == "300000"
 
 
 def test_codex_config_is_valid_toml_with_mcp_and_no_outbound_features() -> None:

@@ -49,6 +49,18 @@ async def test_whitebox_turn_cap_is_a_failure_not_a_success() -> None:
     assert "turn cap" in result.failure.reason
 
 
+@pytest.mark.parametrize("score_capped", [False, True])
+async def test_whitebox_stopped_at_the_call_cap_is_scored_like_a_cli_harness(score_capped: bool) -> None:
+    """The loop stops at the rollout's call cap instead of asking past it; with score_capped that is the same
+    truncation a CLI harness gets from the proxy's refusal (verified and scored), without it a failure."""
+    calls = [write_call("WhiteBox", "42"), tool_call("bash", {"command": "true"})]
+    result = await one_rollout(WhiteBoxAdapter(), scripted_policy(calls), max_calls=2, score_capped=score_capped)
+    if score_capped:
+        assert (result.status, result.truncated_by, result.reward) == ("ok", "call_cap", 1.0), result.failure
+    else:
+        assert result.status == "failed" and result.truncated_by is None and "turn cap (2)" in result.failure.reason
+
+
 async def test_whitebox_bad_tool_calls_come_back_as_error_text() -> None:
     completions = [
         tool_call("read", {"path": "missing.txt"}),

@@ -30,3 +30,12 @@ def test_a_finished_run_with_the_same_config_is_reused(tmp_path) -> None:
         finished_summary(tmp_path, compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "logging.progress=false"]))
         is not None
     )
+
+
+def test_evaluation_speed_settings_do_not_make_a_finished_run_stale(tmp_path) -> None:
+    cfg = compose(["seed=1", f"run_dir={tmp_path}", "steps=3"])
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    (tmp_path / "summary.json").write_text(json.dumps({"eval_end": {"eval_reward_mean": 0.5}}))
+    faster = compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "eval.concurrency=3", f"eval.cache_dir={tmp_path}"])
+    assert finished_summary(tmp_path, faster) is not None
+    assert finished_summary(tmp_path, compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "eval.repeats=4"])) is None

@@ -1,0 +1,109 @@
+"""Starting rewards: what the untrained policy scores in each harness before any training.
+
+A harness that starts at 0 gives GRPO no signal (every group is degenerate), so the transfer matrix
+(docs/experiments.md) is only worth running where each harness starts above 0. This runs the untrained
+policy greedily (T=0, one rollout per task) on the same held-out tasks through each harness, with the
+learning recipe's per-call limits (`trainers.main_job.MAIN_OVERRIDES`), and prints one row per harness:
+
+    .venv/bin/python -m benchmarks.starting_rewards                     # 0.5B policy, 8 tasks, 3 harnesses
+    .venv/bin/python -m benchmarks.starting_rewards --model tiny-qwen3 --count 1 --harnesses Pi   # plumbing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from evaluation import evaluate, make_eval_policy
+
+# The learning recipe's limits (trainers/main_job.py, MAIN_OVERRIDES), as env options.
+RECIPE_LIMITS = {"max_new_tokens": 96, "max_calls": 2, "score_capped": True}
+HARNESSES = ["WhiteBox", "Pi", "ClaudeCode"]
+
+
+def starting_rewards(
+    model: str,
+    harnesses: list[str],
+    *,
+    suite: str,
+    level: int,
+    count: int,
+    out: Path,
+    concurrency: int | None,
+    rollout_timeout_s: float,
+) -> list[dict[str, object]]:
+    """One greedy evaluation per harness; a row each with mean reward, successes, failures and time.
+
+    The rollout limit is generous on purpose: a timeout scores 0 and would measure the machine's load,
+    not the policy (a CPU prefill of Claude Code's ~4k-token prompt takes minutes on a loaded 2-core box)."""
+    policy = make_eval_policy(model)
+    rows = []
+    for harness in harnesses:
+        report = evaluate(
+            policy,
+            [f"{suite}-{harness}"],
+            split="test",
+            level=level,
+            count=count,
+            temperature=0.0,
+            concurrency=concurrency,
+            env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s},
+            run_dir=out / harness,
+            model_name=model,
+            progress=False,
+        )
+        (stats,) = report.by_env.values()
+        successes = sum(row.success for row in report.rows)
+        reasons = {f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()}
+        rows.append(
+            {"harness": harness, **stats.model_dump(mode="json"), "successes": successes, "failure_reasons": reasons}
+            | {"wall_s": report.wall_s}
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, object]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--harnesses", nargs="+", default=HARNESSES)
+    parser.add_argument("--suite", default="ClawGymBench")
+    parser.add_argument("--level", type=int, default=0)
+    parser.add_argument("--count", type=int, default=8, help="held-out task instances per harness")
+    parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: machine's)")
+    parser.add_argument("--rollout-timeout-s", type=float, default=1800.0, help="per rollout (timeouts score 0)")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "starting-rewards")
+    args = parser.parse_args(argv)
+    rows = starting_rewards(
+        args.model,
+        args.harnesses,
+        suite=args.suite,
+        level=args.level,
+        count=args.count,
+        out=args.out,
+        concurrency=args.concurrency,
+        rollout_timeout_s=args.rollout_timeout_s,
+    )
+    table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, greedy, 1 rollout/task")
+    for column in ("harness", "mean reward", "successes", "failed", "wall s", "failure reasons"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["harness"]),
+            f"{row['mean_reward']:.3f}",
+            f"{row['successes']}/{row['rollouts']}",
+            str(row["failed"]),
+            f"{row['wall_s']:.0f}",
+            ", ".join(f"{k} x{n}" for k, n in row["failure_reasons"].items()) or "-",
+        )
+    Console(width=160).print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "starting_rewards.json").write_text(json.dumps(rows, indent=2, default=str))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
