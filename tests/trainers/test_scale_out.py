@@ -4,7 +4,8 @@ local sandboxes, one full training step of the bundled loop (white-box rollouts,
 The servers are started by the test, as on other hosts, and the trainer connects to them
 (`engine.options.urls`, the weight file on a shared `checkpoint_dir`): the test owns the processes, stops them
 whatever happens, and asks them itself which policy version they hold. The fast tests check the recipe's
-config composition and that a trainer rank does not hand torchrun's variables to the servers it starts.
+config composition, that a trainer rank does not hand torchrun's variables to the servers it starts, and that
+`sandbox=daytona` gives the proxy the public URL and TCP port remote sandboxes need.
 """
 
 from __future__ import annotations
@@ -201,3 +202,23 @@ def test_two_ranks_two_servers_one_full_step(tmp_path, two_servers) -> None:
         before = teacher_forced(initial, call.prompt_ids, call.generated_ids)
         moved = max(moved, *(abs(a - b) for a, b in zip(served, before)))
     assert moved > 100 * FLOAT32_TOLERANCE  # the update changed the policy visibly: the servers serve the new one
+
+
+def test_daytona_recipe_gives_the_proxy_a_public_url_and_a_tcp_port(tmp_path) -> None:
+    """Daytona sandboxes reach the proxy only at a public URL (the backend refuses a proxy without one): the
+    training config's sandbox.proxy_public_url reaches the runtime's proxy, which then also listens on TCP."""
+    from clawgym_env.runtime import Runtime
+    from trainers.main import compose
+
+    cfg = compose(["sandbox=daytona", "sandbox.proxy_public_url=https://tunnel.example/"])
+    assert cfg.sandbox.backend == "daytona" and cfg.sandbox.proxy_port is None
+    runtime = Runtime(tmp_path, proxy_port=cfg.sandbox.proxy_port, proxy_public_url=cfg.sandbox.proxy_public_url)
+    try:
+        endpoint = runtime.run(runtime.proxy()).endpoint
+        assert endpoint.public_url == "https://tunnel.example/" and endpoint.port
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=5):  # really listening
+            pass
+    finally:
+        runtime.close()
+    local = compose(["sandbox=local"])  # local sandboxes: the Unix socket only, as before
+    assert local.sandbox.proxy_port is None and local.sandbox.proxy_public_url is None
