@@ -63,9 +63,14 @@ class Runtime:
     _default: Runtime | None = None
     _default_lock = threading.Lock()
 
-    def __init__(self, run_dir: Path | None = None, *, proxy_port: int | None = None) -> None:
+    def __init__(
+        self, run_dir: Path | None = None, *, proxy_port: int | None = None, proxy_public_url: str | None = None
+    ) -> None:
+        """proxy_port: also serve the proxy on this loopback TCP port (0 = any free one); proxy_public_url: where
+        remote sandboxes (Daytona) reach it, e.g. a tunnel to that port (it implies TCP on a free port)."""
         self.run_dir = Path(run_dir) if run_dir else default_run_dir()
-        self.proxy_port = proxy_port
+        self.proxy_port = 0 if proxy_public_url and proxy_port is None else proxy_port
+        self.proxy_public_url = proxy_public_url
         self.failures = FailureCounter()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-runtime", daemon=True)
@@ -107,7 +112,7 @@ class Runtime:
             if self._proxy is None:
                 from clawgym_env.proxy import ServingProxy
 
-                proxy = ServingProxy(run_dir=self.run_dir, port=self.proxy_port)
+                proxy = ServingProxy(run_dir=self.run_dir, port=self.proxy_port, public_url=self.proxy_public_url)
                 await proxy.start()
                 self._proxy = proxy
         return self._proxy

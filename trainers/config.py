@@ -67,6 +67,8 @@ class EngineSettings(Strict):
 class SandboxSettings(Strict):
     backend: str = "local"
     options: dict[str, Any] = Field(default_factory=dict)
+    proxy_port: int | None = Field(default=None, ge=0, description="serve the proxy on this TCP port too")
+    proxy_public_url: str | None = Field(default=None, description="where remote sandboxes reach the proxy")
 
 
 class EvalSettings(Strict):

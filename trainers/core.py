@@ -216,9 +216,11 @@ class Trainer:
     # ------------------------------------------------------------------ weight sync
     def sync_weights(self) -> None:
         """Push the new weights into the inference engine, tagged with the new policy version (= step)."""
-        if self.engine is None:
+        # under torchrun only rank 0 holds the engine, but gathering the weights is collective: every rank
+        # joins when rank 0 has an engine (a rank skipping it would leave rank 0 waiting in the gather)
+        if not D.broadcast_object(self.engine is not None):
             return
-        weights = export_weights(self.model)  # collective under FSDP
+        weights = export_weights(self.model)  # collective under FSDP (the full tensors land on rank 0)
         if D.rank() == 0:
             self.engine.update_weights(weights, version=self.step)
 

@@ -256,17 +256,20 @@ def start_eval_key(cfg: TrainConfig, envs: list[Any], tasks: list[list[Any]]) ->
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train from a validated config; returns a summary (also written to run_dir/summary.json)."""
     run = start_run(cfg)
-    resume(run)
-    if cfg.warm_start.enabled and run.trainer.step == 0:
-        warm_start(run)
-    start_eval = None
-    if cfg.eval.at_start and run.trainer.step == 0:
-        warm = run.summary["stages"].get("warm_start")
-        start_eval = warm["after"] if warm else run.evaluate("start")
-    last_eval = training_steps(run) or start_eval
-    final_eval = run.evaluate("end") if cfg.steps > 0 or last_eval is None else last_eval
-    run.summary.update({"steps": run.trainer.step, "eval_start": start_eval, "eval_end": final_eval})
-    return finish(run)
+    try:
+        resume(run)
+        if cfg.warm_start.enabled and run.trainer.step == 0:
+            warm_start(run)
+        start_eval = None
+        if cfg.eval.at_start and run.trainer.step == 0:
+            warm = run.summary["stages"].get("warm_start")
+            start_eval = warm["after"] if warm else run.evaluate("start")
+        last_eval = training_steps(run) or start_eval
+        final_eval = run.evaluate("end") if cfg.steps > 0 or last_eval is None else last_eval
+        run.summary.update({"steps": run.trainer.step, "eval_start": start_eval, "eval_end": final_eval})
+        return finish(run)
+    finally:  # also on an error: vLLM servers the engine started run in their own sessions and would outlive us
+        close(run)
 
 
 @dataclass
@@ -336,7 +339,7 @@ def start_run(cfg: TrainConfig) -> Run:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(D.broadcast_object(str(cfg.run_dir)))  # rank 0's: each rank's Hydra resolves ${now:...} itself
     run_dir.mkdir(parents=True, exist_ok=True)
     if main_rank:
         (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -386,18 +389,26 @@ def build_rollout_side(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any,
     from clawgym_env.runtime import Runtime
 
     engine = build_engine(cfg, model, tokenizer)
-    runtime = Runtime(run_dir / "rollouts")
-    envs = build_envs(cfg, runtime, cfg.env.split)
-    eval_envs = build_envs(cfg, runtime, cfg.env.eval_split, evaluation=True)
-    return {
-        "engine": engine,
-        "policy": Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name),
-        "runtime": runtime,
-        "envs": envs,
-        "eval_envs": eval_envs,
-        "train_tasks": [load_tasks(e, cfg, cfg.env.train_tasks) for e in envs],
-        "eval_tasks": [load_tasks(e, cfg, cfg.env.eval_tasks) for e in eval_envs],
-    }
+    runtime = Runtime(
+        run_dir / "rollouts", proxy_port=cfg.sandbox.proxy_port, proxy_public_url=cfg.sandbox.proxy_public_url
+    )
+    try:
+        envs = build_envs(cfg, runtime, cfg.env.split)
+        eval_envs = build_envs(cfg, runtime, cfg.env.eval_split, evaluation=True)
+        return {
+            "engine": engine,
+            "policy": Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name),
+            "runtime": runtime,
+            "envs": envs,
+            "eval_envs": eval_envs,
+            "train_tasks": [load_tasks(e, cfg, cfg.env.train_tasks) for e in envs],
+            "eval_tasks": [load_tasks(e, cfg, cfg.env.eval_tasks) for e in eval_envs],
+        }
+    except BaseException:
+        runtime.close()
+        if hasattr(engine, "close"):
+            engine.close()
+        raise
 
 
 def resume(run: Run) -> None:
@@ -509,8 +520,10 @@ def save_checkpoint(run: Run) -> None:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """Failure counts into the summary; final plot and summary.json; close the logger, engine and runtime."""
+    """Failure counts (and the server pool's counts) into the summary; final plot and summary.json."""
     run.summary["failures"] = run.runtime.failures.as_dict() if run.runtime is not None else {}
+    if hasattr(run.engine, "report"):  # the vLLM server pool: calls per server, lost servers, weight updates
+        run.summary["engine"] = run.engine.report()
     if run.main_rank:
         if run.logger.path.is_file():
             plot_metrics(run.logger.path, run.run_dir / "metrics.png")
@@ -518,9 +531,15 @@ def finish(run: Run) -> dict[str, Any]:
         console.print(
             f"metrics: {run.logger.path}  plot: {run.run_dir / 'metrics.png'}  summary: {run.run_dir / 'summary.json'}"
         )
-    run.logger.close()
-    if run.engine is not None and hasattr(run.engine, "close"):
-        run.engine.close()
-    if run.runtime is not None:
-        run.runtime.close()
     return run.summary
+
+
+def close(run: Run) -> None:
+    """Close the logger, the engine (servers it started stop) and the runtime (proxy, sandboxes); idempotent."""
+    run.logger.close()
+    engine, run.engine = run.engine, None
+    if engine is not None and hasattr(engine, "close"):
+        engine.close()
+    runtime, run.runtime = run.runtime, None
+    if runtime is not None:
+        runtime.close()

@@ -7,6 +7,8 @@ trainers.main ...` the trainer shards the model with FSDP2 across the N processe
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
 import hydra
@@ -39,8 +41,17 @@ def _hydra_main(cfg: DictConfig) -> None:
     train(to_train_config(cfg))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
-    """Entry point of `python -m trainers.main` and `clawgym train` (reads the overrides from sys.argv)."""
+    """Entry point of `python -m trainers.main` and `clawgym train` (reads the overrides from sys.argv).
+
+    SIGTERM (what torchrun sends the other ranks when one fails) exits through the finally-blocks, so the
+    vLLM servers and sandboxes rank 0 started are stopped rather than left running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _hydra_main()
 
 

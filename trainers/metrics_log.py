@@ -57,6 +57,7 @@ class MetricsLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
 
 
 def _jsonable(value: Any) -> Any:

@@ -80,7 +80,7 @@ def _plain(model: nn.Module) -> nn.Module:
 def export_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """Full weights under the plain model's parameter names (what `engine.update_weights` takes).
 
-    Collective under FSDP: every rank must call it; every rank gets the full tensors on CPU.
+    Collective under FSDP: every rank must call it; rank 0 gets the full tensors on CPU, the others an empty dict.
     """
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

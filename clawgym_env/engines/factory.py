@@ -36,11 +36,12 @@ def make_engine(kind: str, **options: Any) -> InferenceEngine:
 
         return VLLMEngine(options.pop("model", "tiny-qwen3"), **options)
     if kind == "vllm_server":
-        from clawgym_env.engines.vllm_server import VLLMServerPool
+        from clawgym_env.engines.vllm_server import POOL_OPTIONS, VLLMServerPool
 
-        if options.get("urls"):
-            pool_keys = ("checkpoint_dir", "timeout_s", "policy_version")
-            return VLLMServerPool(options.pop("urls"), **{k: options[k] for k in pool_keys if k in options})
+        urls = options.pop("urls", None)
+        if urls:  # running servers (any host): only the pool's own options apply
+            return VLLMServerPool(urls, **{k: options[k] for k in POOL_OPTIONS if options.get(k) is not None})
+        options = {k: v for k, v in options.items() if v is not None}
         return VLLMServerPool.launch(options.pop("model", "tiny-qwen3-h64"), options.pop("servers", 1), **options)
     if kind == "remote":
         from clawgym_env.engines.remote_engine import RemoteEngine

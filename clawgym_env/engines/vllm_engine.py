@@ -107,8 +107,29 @@ class ClawGymWorkerExtension:
         # (on CPU the linear layers' weights are left empty); its in-place reload restores the checkpoint
         # layout, loads, and processes the layers again.
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        self._clawgym_retie_head()
         self.clawgym_policy_version = int(version)
         return len(tensors)
+
+    def _clawgym_retie_head(self) -> None:
+        """A tied head (lm_head = embed_tokens) must follow the new embedding.
+
+        The trainer sends the tied tensor once, as the embedding; vLLM skips `lm_head.*` for tied models, so
+        the reload never processes the head again: on CPU it kept its packed copy of the old weights (the
+        served log-probs were those of the new body with the old head, off by ~0.06 after one step at lr
+        1e-3). Re-tying the parameter and re-packing the head fixes it (tests/trainers/test_scale_out.py).
+        """
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        config = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+            return
+        if not hasattr(head, "weight") or not hasattr(embed, "weight"):
+            return
+        head.weight = embed.weight
+        if hasattr(head, "cpu_linear"):  # the CPU GEMM packs its own copy of the weight
+            head.quant_method.process_weights_after_loading(head)
 
     def clawgym_load_weights_from_file(self, path: str, version: str) -> int:
         from safetensors.torch import load_file

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# What torchrun tells its workers: a server started from a trainer rank must not inherit them (vLLM would
+# read the trainer's rank, world size and rendezvous address as its own).
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+LAUNCHER_VARS += ("ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _is_launcher_var(name: str) -> bool:
+    return name in LAUNCHER_VARS or name.startswith("TORCHELASTIC_")
 
 
 class VLLMServer:
@@ -104,7 +114,7 @@ class VLLMServer:
         self.cmd += list(extra_args) or self._device_args(kv_cache_memory_bytes)
         repo = str(Path(__file__).resolve().parents[2])
         self.env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if not _is_launcher_var(k)},
             "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc and /reset_prefix_cache
             "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(cache_root().parent / "vllm")),
             "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
@@ -169,6 +179,9 @@ class VLLMServer:
             self.kill()
 
 
+POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version")  # VLLMServerPool's own options
+
+
 @dataclass
 class ServerSlot:
     url: str
@@ -224,7 +237,10 @@ class VLLMServerPool:
 
     @classmethod
     def launch(cls, model: str, n: int = 1, *, ready_timeout_s: float = 900.0, **server_options: Any) -> VLLMServerPool:
-        """Start `n` servers of `model` on free loopback ports and wait until all answer."""
+        """Start `n` servers of `model` on free loopback ports and wait until all answer.
+
+        `checkpoint_dir` and `timeout_s` go to the pool; the other options to each `VLLMServer`."""
+        pool_options = {k: server_options.pop(k) for k in POOL_OPTIONS if k in server_options}
         servers = [VLLMServer(model, **server_options).start() for _ in range(n)]
         try:
             for server in servers:
@@ -233,7 +249,7 @@ class VLLMServerPool:
             for server in servers:
                 server.stop()
             raise
-        return cls([s.url for s in servers], servers=servers)
+        return cls([s.url for s in servers], servers=servers, **pool_options)
 
     # ------------------------------------------------------------------------------------ server RPCs
     async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
@@ -351,6 +367,11 @@ class VLLMServerPool:
         slot.served += 1
         slot.recent.append(tuple(prompt_ids) + tuple(gen.token_ids))
         return gen.model_copy(update={"policy_version": before})
+
+    def report(self) -> dict[str, Any]:
+        """The pool's counts and each server's share of the calls (for a run's summary)."""
+        servers = [{"url": s.url, "alive": s.alive, "served": s.served} for s in self.slots]
+        return {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
 
     # ---------------------------------------------------------------------------------------- weights
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:

@@ -2,17 +2,20 @@
 
     python tests/trainers/fsdp_worker.py OUT.json                          # one process
     torchrun --nproc_per_node 2 tests/trainers/fsdp_worker.py OUT.json     # FSDP2 on gloo
-Writes (rank 0) the step's loss, token count, grad norm and the full weights' checksums after the update.
+Writes (rank 0) the step's loss, token count, grad norm and the full weights' checksums after the update, and
+whether rank 0's inference engine received them (version 1, the same tensors).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from clawgym_env.engines.transformers_engine import TransformersEngine
 from trainers import distributed as D
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO
@@ -37,6 +40,9 @@ def main(out: str) -> None:
         initializer_range=0.2,
     )
     model = Qwen3ForCausalLM(config).float()
+    # as in trainers.loop: only rank 0 holds an inference engine (a real one, on its own copy of the model);
+    # every rank must still join the weight export that feeds it after the update
+    engine = TransformersEngine(copy.deepcopy(model)) if D.rank() == 0 else None
     if D.is_distributed():
         D.shard_model(model)
     small = dict(turns=2, gen_tokens=(4, 8), tool_tokens=(3, 8), system_tokens=10)
@@ -51,7 +57,7 @@ def main(out: str) -> None:
     # Adam's eps at 1e-3: its first step moves a weight by lr * g / (|g| + eps), which with the default 1e-8
     # turns rounding noise in a near-zero gradient entry into a full +-lr step; with 1e-3 the step is
     # Lipschitz in g (|d step| <= lr / eps * |d g| = 10 |d g|), so rounding stays rounding
-    trainer = Trainer(model, GRPO(), OptimConfig(lr=1e-2, eps=1e-3, token_budget=120))
+    trainer = Trainer(model, GRPO(), OptimConfig(lr=1e-2, eps=1e-3, token_budget=120), engine=engine)
     metrics = trainer.update(batch)
     weights = export_weights(model)
     # the step's (clipped) gradient, still on the parameters after the optimizer step; gathered under FSDP
@@ -74,6 +80,8 @@ def main(out: str) -> None:
             "grad_dot": grad_dot,
             "grad_scale": grad_scale,
             "weights": {k: float(v.double().sum()) for k, v in weights.items()},
+            "engine_version": engine.policy_version,
+            "engine_has_weights": all(torch.equal(p, weights[k]) for k, p in engine.model.named_parameters()),
         }
         with open(out, "w") as f:
             json.dump(result, f)

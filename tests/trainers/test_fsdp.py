@@ -56,6 +56,9 @@ def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
     assert one["unwrap_ok"] and two["unwrap_ok"]  # unwrap and decoder_and_head work on an FSDP2-sharded model
     assert one["micro_batches"] >= 2  # each rank really trained on its own share
     assert one["tokens"] == two["tokens"]
+    # rank 0's engine got the new weights: every rank joined the export (when rank 1 skipped it, gloo aborted)
+    assert one["engine_version"] == two["engine_version"] == 1
+    assert one["engine_has_weights"] and two["engine_has_weights"]
     # Tolerances. Each micro-batch's forward and loss are the same computation in both runs (same shapes, same
     # gathered weights); what differs is the order in which gradients are added: one process accumulates the
     # micro-batches in turn, two add their shares and then reduce (the x2 world scaling and FSDP's /2 are exact).
