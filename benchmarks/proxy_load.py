@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -108,10 +109,20 @@ class FastTestEngine:
 
 
 class LoopLag:
-    """How late a timer that should fire every `interval_s` fires: the event loop's lag, sampled."""
+    """How late a timer that should fire every `interval_s` fires: the event loop's lag, sampled; and how
+    long the garbage collector's passes took (each one stops the loop)."""
 
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s, self.samples = interval_s, []
+        self.gc_pauses: list[tuple[int, float]] = []
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pauses.append((info["generation"], time.perf_counter() - self._gc_start))
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -123,7 +134,16 @@ class LoopLag:
     def take(self) -> dict[str, float]:
         samples, self.samples = self.samples, []
         ms = [1e3 * max(s, 0.0) for s in samples]
-        return {"lag_p50_ms": pct(ms, 0.5), "lag_p99_ms": pct(ms, 0.99), "lag_max_ms": max(ms, default=float("nan"))}
+        pauses, self.gc_pauses = self.gc_pauses, []
+        full = [1e3 * d for g, d in pauses if g == 2]
+        return {
+            "lag_p50_ms": pct(ms, 0.5),
+            "lag_p99_ms": pct(ms, 0.99),
+            "lag_max_ms": max(ms, default=float("nan")),
+            "gc_ms_total": 1e3 * sum(d for _, d in pauses),
+            "gc_full_passes": len(full),
+            "gc_full_max_ms": max(full, default=0.0),
+        }
 
 
 async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, sampling: Any) -> dict[str, Any]:
@@ -366,7 +386,10 @@ class ProxyProcess:
         cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
         if os.environ.get("PROXY_LOAD_PROFILE"):
             cmd += ["--profile", os.environ["PROXY_LOAD_PROFILE"]]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # PROXY_LOAD_CODE_DIR: serve from another checkout (A/B against older proxy code, same driver and client)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.environ.get("PROXY_LOAD_CODE_DIR")
+        )
         hello = self._read()
         self.port, self.pid, self.loop = hello["port"], hello["pid"], hello["loop"]
 
@@ -437,6 +460,9 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "handler_p99_ms": closed["handler_p99_ms"],
         "loop_lag_p99_ms": closed["lag_p99_ms"],
         "loop_lag_max_ms": closed["lag_max_ms"],
+        "gc_ms_per_call": closed.get("gc_ms_total", float("nan")) / max(len(latencies), 1),
+        "gc_full_passes": closed.get("gc_full_passes"),
+        "gc_full_max_ms": closed.get("gc_full_max_ms"),
         "proxy_rss_mb": closed["rss_mb"],
         "proxy_open_fds": closed["open_fds"],
         "client_processes": clients,
@@ -452,7 +478,8 @@ def format_row(r: dict[str, Any]) -> str:
         f"N={r['n']:>4} calls={r['calls']:>5} errors={r['errors']} | calls/s proxy {r['proxy_calls_per_s']:7.0f} "
         f"direct {r['direct_calls_per_s']:8.0f} | per proxy CPU-s {r['proxy_calls_per_cpu_s']:6.0f} | added median {r['added_median_ms']:7.2f} ms p99 "
         f"{r['added_p99_ms']:8.2f} ms | handler p50 {r['handler_p50_ms']:.2f} ms | loop lag p99 "
-        f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | RSS {r['proxy_rss_mb']:.0f} MB "
+        f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | GC full {r['gc_full_passes']} max "
+        f"{r['gc_full_max_ms']:.0f} ms | RSS {r['proxy_rss_mb']:.0f} MB "
         f"fds {r['proxy_open_fds']} | clients {r['client_processes']} cpu {r['client_cpu_s']:.1f} s "
         f"wall {r['wall_s']:.1f} s | load {r['load_avg']:.2f}"
     )

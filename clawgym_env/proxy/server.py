@@ -51,6 +51,7 @@ from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
 from clawgym_env.proxy.durability import GroupCommit
 from clawgym_env.proxy.errors import ProxyError, error_body
 from clawgym_env.proxy.fastpath import HotRoutes
+from clawgym_env.proxy.gcpolicy import freeze_startup_objects
 from clawgym_env.proxy.guards import (
     SCOPE_KEY,
     GuardState,
@@ -207,6 +208,7 @@ class ServingProxy:
         if self._serve_task is not None:
             return
         self._guard_state.stats.open_file_limit = raise_open_file_limit()
+        freeze_startup_objects()  # full GC passes then skip the imports and tokenizer (clawgym_env.proxy.gcpolicy)
         self._open_log()
         sockets = self._bind_sockets()
         config = uvicorn.Config(
