@@ -174,6 +174,8 @@ async def serve(args: argparse.Namespace) -> None:
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
     proxy = ServingProxy(args.run_dir, port=0, unix_socket=None, fsync=args.fsync)
     await proxy.start()
+    if args.gc_threshold:
+        gc.set_threshold(*(int(x) for x in args.gc_threshold.split(",")))
     lag = LoopLag()
     lag_task = asyncio.create_task(lag.run())
     loop = asyncio.get_running_loop()
@@ -193,6 +195,10 @@ async def serve(args: argparse.Namespace) -> None:
         import cProfile
 
         profiler = cProfile.Profile()
+
+    def fsyncs_now() -> int:
+        return getattr(getattr(proxy, "_group", None), "fsyncs", 0)
+
     answer({"port": proxy.endpoint.port, "pid": os.getpid(), "loop": type(loop).__module__})
     while line := await reader.readline():
         cmd = orjson.loads(line)
@@ -205,6 +211,7 @@ async def serve(args: argparse.Namespace) -> None:
             prompts, handler_s = [], []
             lag.take()
             cpu_at_open = time.process_time()
+            fsyncs_at_open = fsyncs_now()
             if profiler is not None:
                 profiler.enable()
             answer({"routes": routes})
@@ -231,6 +238,7 @@ async def serve(args: argparse.Namespace) -> None:
                     "open_fds": len(os.listdir("/proc/self/fd")),
                     "guards": proxy.guard_stats().model_dump(),
                     "tables": proxy.table_sizes(),
+                    "fsyncs": fsyncs_now() - fsyncs_at_open,
                     **lag.take(),
                 }
             )
@@ -384,6 +392,8 @@ class ProxyProcess:
     def __init__(self, run_dir: Path, engine_delay_ms: float = 0.0, fsync: bool = False, loop: str = "uvloop") -> None:
         cmd = [sys.executable, "-m", "benchmarks.proxy_load", "serve", "--run-dir", str(run_dir), "--loop", loop]
         cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
+        if os.environ.get("PROXY_LOAD_GC_THRESHOLD"):
+            cmd += ["--gc-threshold", os.environ["PROXY_LOAD_GC_THRESHOLD"]]
         if os.environ.get("PROXY_LOAD_PROFILE"):
             cmd += ["--profile", os.environ["PROXY_LOAD_PROFILE"]]
         # PROXY_LOAD_CODE_DIR: serve from another checkout (A/B against older proxy code, same driver and client)
@@ -462,6 +472,7 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "loop_lag_max_ms": closed["lag_max_ms"],
         "gc_ms_per_call": closed.get("gc_ms_total", float("nan")) / max(len(latencies), 1),
         "gc_full_passes": closed.get("gc_full_passes"),
+        "log_fsyncs": closed.get("fsyncs"),
         "gc_full_max_ms": closed.get("gc_full_max_ms"),
         "proxy_rss_mb": closed["rss_mb"],
         "proxy_open_fds": closed["open_fds"],
@@ -521,6 +532,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     s.add_argument("--fsync", action="store_true")
     s.add_argument("--profile", type=Path, help="cProfile each level's serving into this file")
     s.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
+    s.add_argument("--gc-threshold", default="", help="gc.set_threshold(a, b, c) after the proxy starts: 'a,b,c'")
     c = sub.add_parser("client")
     c.add_argument("--port", type=int, required=True)
     c.add_argument("--routes", type=Path, required=True)
