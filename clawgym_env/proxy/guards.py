@@ -82,6 +82,7 @@ class GuardState:
     per_peer: dict[str, int] = field(default_factory=dict)
     live: set[Any] = field(default_factory=set)  # connections with a deadline to watch
     sweep: Any = None  # the pending sweep's TimerHandle, None while no connection is open
+    sweep_loop: Any = None  # the loop it is pending on
 
     @property
     def sweep_interval_s(self) -> float:
@@ -90,10 +91,15 @@ class GuardState:
 
     def watch(self, connection: Any) -> None:
         self.live.add(connection)
-        if self.sweep is None:
+        # a sweep left pending on a loop that was closed (a proxy stopped, then started on another loop) never
+        # fires: schedule one on this connection's loop
+        if self.sweep is None or self.sweep_loop is not connection.loop:
+            self.sweep_loop = connection.loop
             self.sweep = connection.loop.call_later(self.sweep_interval_s, self._sweep, connection.loop)
 
     def _sweep(self, loop: Any) -> None:
+        if loop is not self.sweep_loop:
+            return  # superseded by a sweep on the loop now serving
         now = loop.time()
         for connection in [c for c in self.live if c._deadline_at is not None and now >= c._deadline_at]:
             connection._deadline_passed()
