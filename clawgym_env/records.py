@@ -135,7 +135,8 @@ class CallLog:
     """Append-only JSONL of ModelCalls, one line per call, written whole as each call completes.
 
     A killed process loses no completed call (the line is in the OS before the response is sent);
-    `fsync=True` also survives a machine crash at a per-call cost. A process killed mid-write leaves a torn
+    `fsync=True` also survives a machine crash at a per-call cost (the serving proxy instead batches
+    fsyncs off its event loop with `sync()`: clawgym_env.proxy.durability). A process killed mid-write leaves a torn
     last line: opening the log cuts it off (`repaired_bytes` says how much), so the next record starts on
     a line of its own. Readers may load the log while it grows (`read_calls` skips and counts torn lines).
     Delivery receipts go to `receipts_path(path)`, opened on the first receipt and repaired the same way.
@@ -160,6 +161,12 @@ class CallLog:
                 self._receipts = open(receipts_path(self.path), "a+b", buffering=0)  # noqa: SIM115 - kept open
                 self.repaired_bytes += _repair_torn_tail(self._receipts.fileno())
         self._write(self._receipts, orjson.dumps(receipt.model_dump()) + b"\n")
+
+    def sync(self) -> None:
+        """fsync what was written so far (calls and receipts) to disk; safe from a worker thread."""
+        for fh in (self._fh, self._receipts):
+            if fh is not None and not fh.closed:
+                os.fsync(fh.fileno())
 
     def _write(self, fh: Any, line: bytes) -> None:
         with self._lock:

@@ -69,11 +69,41 @@ class GuardStats(BaseModel):
 
 @dataclass
 class GuardState:
-    """Shared by every connection of one proxy."""
+    """Shared by every connection of one proxy.
+
+    Header and body deadlines are checked by one sweep over the live connections every `sweep_interval_s`
+    (a tenth of the shortest deadline, 20 ms to 1 s), not by a timer per request: arming a deadline is then
+    storing a float, and 1,000 kept-alive connections cost one pass a second instead of two timer-heap
+    entries per call. A deadline is enforced at most one interval late.
+    """
 
     guards: ProxyGuards
     stats: GuardStats = field(default_factory=GuardStats)
     per_peer: dict[str, int] = field(default_factory=dict)
+    live: set[Any] = field(default_factory=set)  # connections with a deadline to watch
+    sweep: Any = None  # the pending sweep's TimerHandle, None while no connection is open
+    sweep_loop: Any = None  # the loop it is pending on
+
+    @property
+    def sweep_interval_s(self) -> float:
+        shortest = min(self.guards.header_timeout_s, self.guards.body_timeout_s)
+        return min(1.0, max(0.02, shortest / 10))
+
+    def watch(self, connection: Any) -> None:
+        self.live.add(connection)
+        # a sweep left pending on a loop that was closed (a proxy stopped, then started on another loop) never
+        # fires: schedule one on this connection's loop
+        if self.sweep is None or self.sweep_loop is not connection.loop:
+            self.sweep_loop = connection.loop
+            self.sweep = connection.loop.call_later(self.sweep_interval_s, self._sweep, connection.loop)
+
+    def _sweep(self, loop: Any) -> None:
+        if loop is not self.sweep_loop:
+            return  # superseded by a sweep on the loop now serving
+        now = loop.time()
+        for connection in [c for c in self.live if c._deadline_at is not None and now >= c._deadline_at]:
+            connection._deadline_passed()
+        self.sweep = loop.call_later(self.sweep_interval_s, self._sweep, loop) if self.live else None
 
 
 def raise_open_file_limit() -> int:
@@ -155,7 +185,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._deadline: Any = None
+        self._deadline_at: float | None = None  # loop time; checked by the proxy's sweep (GuardState)
         self._deadline_kind = ""
         self._delivery: list[Callable[[bool], None]] = []
         self._delivery_timer: Any = None
@@ -173,10 +203,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 transport.abort()
                 return
             self.guard.per_peer[self._peer] = count + 1
+        self.guard.watch(self)
         self._arm("header", self.guard.guards.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.guard.live.discard(self)
         if self._peer is not None:
             left = self.guard.per_peer.get(self._peer, 1) - 1
             if left > 0:
@@ -189,17 +221,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     # ----------------------------------------------------------------------------------- deadlines
     def _arm(self, kind: str, seconds: float) -> None:
-        self._disarm()
         self._deadline_kind = kind
-        self._deadline = self.loop.call_later(seconds, self._deadline_passed)
+        self._deadline_at = self.loop.time() + seconds
 
     def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._deadline_at = None
 
     def _deadline_passed(self) -> None:
-        self._deadline = None
+        self._deadline_at = None
         if self._deadline_kind == "header":
             self.guard.stats.header_timeouts += 1
         else:
@@ -211,7 +240,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._delivery and self._delivery_timer is not None:
             self._delivery_timer.cancel()  # the client speaks again: look at the last reply now
             self._check_delivery(self._delivery_give_up_at)
-        if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
+        if self._deadline_at is None and (self.cycle is None or self.cycle.response_complete):
             self._arm("header", self.guard.guards.header_timeout_s)  # a kept-alive connection starts its next request
         super().data_received(data)
 

@@ -48,7 +48,10 @@ from clawgym_env.proxy.apis import (
 from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
 from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
+from clawgym_env.proxy.durability import GroupCommit
 from clawgym_env.proxy.errors import ProxyError, error_body
+from clawgym_env.proxy.fastpath import HotRoutes
+from clawgym_env.proxy.gcpolicy import freeze_startup_objects
 from clawgym_env.proxy.guards import (
     SCOPE_KEY,
     GuardState,
@@ -69,6 +72,7 @@ ANTHROPIC, CHAT, RESPONSES = AnthropicAdapter(), ChatAdapter(), ResponsesAdapter
 COUNT_TOKENS = CountTokensAdapter()
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 MAX_UNIX_SOCKET_PATH = 100
+LISTEN_BACKLOG = 4096  # connections the kernel queues before accept (capped by net.core.somaxconn)
 RECORDED_REFUSALS_PAST_CAP = 8  # past max_calls, later refusals are counted in RolloutStats, not logged
 
 
@@ -141,6 +145,7 @@ class ServingProxy:
         self._guard_state = GuardState(self.guards)
         self.closed_count = 0  # every rollout ever closed on this proxy (a counter, not a table)
         self._log: CallLog | None = None
+        self._group: GroupCommit | None = None
         self._server: _EmbeddedServer | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._socket_dir: Path | None = None
@@ -159,7 +164,9 @@ class ServingProxy:
 
     def _open_log(self) -> CallLog:
         if self._log is None:
-            self._log = CallLog(self.log_path, fsync=self._fsync)
+            # fsync=True: records are synced in groups off the loop before answers go out (GroupCommit)
+            self._log = CallLog(self.log_path, fsync=False)
+            self._group = GroupCommit(self._log.sync) if self._fsync else None
         return self._log
 
     def _bind_sockets(self) -> list[socket.socket]:
@@ -178,7 +185,7 @@ class ServingProxy:
             path.unlink(missing_ok=True)
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             unix.bind(str(path))
-            unix.listen(1024)
+            unix.listen(LISTEN_BACKLOG)
             sockets.append(unix)
             self.endpoint.unix_socket = path
         if self._port_arg is not None:
@@ -186,7 +193,7 @@ class ServingProxy:
             tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
             tcp.bind((self.endpoint.host, self._port_arg))
-            tcp.listen(1024)
+            tcp.listen(LISTEN_BACKLOG)
             sockets.append(tcp)
             self.endpoint.port = tcp.getsockname()[1]
         for sock in sockets:
@@ -201,10 +208,11 @@ class ServingProxy:
         if self._serve_task is not None:
             return
         self._guard_state.stats.open_file_limit = raise_open_file_limit()
+        freeze_startup_objects()  # full GC passes then skip the imports and tokenizer (clawgym_env.proxy.gcpolicy)
         self._open_log()
         sockets = self._bind_sockets()
         config = uvicorn.Config(
-            self.app,
+            HotRoutes(self.app, self._hot_routes()),
             lifespan="off",
             access_log=False,
             log_level="warning",
@@ -220,6 +228,15 @@ class ServingProxy:
                 raise RuntimeError("the proxy's server stopped during startup")
             await asyncio.sleep(0.005)
         log.info("proxy listening: %s", self.endpoint.model_dump(exclude_none=True))
+
+    def _hot_routes(self) -> dict[str, tuple[Any, ApiStyle]]:
+        """The generation routes, served past FastAPI's routing (clawgym_env.proxy.fastpath)."""
+        return {
+            "/v1/chat/completions": (lambda request, rid: self._generation_call(request, rid, CHAT), CHAT.style),
+            "/v1/messages": (lambda request, rid: self._generation_call(request, rid, ANTHROPIC), ANTHROPIC.style),
+            "/v1/responses": (lambda request, rid: self._generation_call(request, rid, RESPONSES), RESPONSES.style),
+            "/v1/messages/count_tokens": (self._count_tokens, ApiStyle.ANTHROPIC_MESSAGES),
+        }
 
     async def stop(self) -> None:
         if self._server is not None and self._serve_task is not None:
@@ -238,6 +255,9 @@ class ServingProxy:
             with contextlib.suppress(OSError):
                 self._socket_dir.rmdir()
         if self._log is not None:
+            if self._group is not None:
+                with contextlib.suppress(OSError):
+                    await self._group.durable()  # no fsync thread may outlive the files it syncs
             self._log.close()
             self._log = None
 
@@ -319,6 +339,8 @@ class ServingProxy:
         state.stats.prompt_tokens += len(call.prompt_ids)
         state.stats.generated_tokens += len(call.generated_ids)
         self._record(state, call)
+        if self._fsync and self._log is not None:
+            self._log.sync()  # no answer to hold back here: sync now, as CallLog(fsync=True) would
         return call
 
     def _open_state(self, rollout_id: str) -> RolloutState:
@@ -363,6 +385,8 @@ class ServingProxy:
         except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
             call.request = {"_omitted": f"not serializable: {exc}"}
             log_.append(call)
+        if self._group is not None:
+            self._group.wrote()
         state.calls.append(call)
 
     def _receipt(self, call: ModelCall, delivered: bool) -> None:
@@ -469,13 +493,29 @@ class ServingProxy:
         in_flight = self._in_flight.get(rollout_id, 0)
         self._in_flight[rollout_id] = in_flight + 1
         try:
-            return await self._guarded_call(request, state, adapter, received_at, t0, in_flight)
+            response = await self._guarded_call(request, state, adapter, received_at, t0, in_flight)
+            if self._group is not None:
+                response = await self._once_durable(state, adapter, response)
+            return response
         finally:
             left = self._in_flight.get(rollout_id, 1) - 1
             if left > 0:
                 self._in_flight[rollout_id] = left
             else:
                 self._in_flight.pop(rollout_id, None)
+
+    async def _once_durable(self, state: RolloutState, adapter: ApiAdapter, response: Response) -> Response:
+        """With fsync=True: the answer waits until its record is on disk (one fsync shared by many calls)."""
+        assert self._group is not None
+        try:
+            await self._group.durable()
+        except OSError as exc:
+            log.error("could not fsync the call log: %s", exc)
+            self._guard_state.stats.record_failures += 1
+            state.stats.count_error("record_failed")
+            message = f"clawgym proxy could not make this call's record durable ({exc}); its generation is not returned"
+            return _json(error_body(adapter.style, "engine_error", message), 500)
+        return response
 
     async def _guarded_call(
         self, request: Request, state: RolloutState, adapter: ApiAdapter, received_at: float, t0: float, in_flight: int

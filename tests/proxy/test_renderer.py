@@ -351,3 +351,24 @@ def test_a_template_that_does_not_fit_is_refused(tokenizer):
 
     with pytest.raises(TemplateMismatch, match="differs from the tokenizer's chat template"):
         ChatMLRenderer(OtherTemplate())
+
+
+def test_the_memoized_tools_section_is_the_templates_text_and_skips_values_orjson_cannot_tell_apart(tokenizer):
+    """The tools section is memoized by orjson's encoding of the tools; orjson writes NaN as null, so a set
+    holding null is rendered afresh every time (and still rendered exactly like the stdlib `tojson`)."""
+    from clawgym_env.proxy.renderers.chatml import TOOLS_FOOTER, TOOLS_HEADER, ChatMLRenderer, tojson
+
+    fresh = ChatMLRenderer(tokenizer, verify=False)
+    plain = [ToolSpec("write", "write a file", WRITE_SCHEMA), ToolSpec("ls", "list", {"type": "object", "x": 1.5})]
+    nullish = [ToolSpec("opt", "", {"type": "object", "default": None})]
+    nan = [ToolSpec("opt", "", {"type": "object", "default": float("nan")})]
+
+    def expected(tools: list[ToolSpec]) -> str:
+        return TOOLS_HEADER + "".join("\n" + tojson(t.as_template_tool()) for t in tools) + TOOLS_FOOTER
+
+    for tools in (plain, plain, nullish, nan, nullish):
+        assert fresh._tools_text(tools) == expected(tools)
+    assert len(fresh._tools_memo) == 1  # only the set without null is kept
+    assert "NaN" in fresh._tools_text(nan) and "null" in fresh._tools_text(nullish)
+    conv = Conversation(messages=[Message(role="user", content="hi")], tools=plain)
+    assert fresh.render(conv).prompt_ids == fresh.render(conv).prompt_ids

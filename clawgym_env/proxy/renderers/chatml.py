@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import orjson
 from tokenizers import Tokenizer
 
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
@@ -42,6 +43,7 @@ TOOLS_FOOTER = (
 Piece = tuple[str, SegmentKind]
 EncodedBlock = tuple[list[int], list[tuple[int, int, SegmentKind]], int]  # ids, kind runs, control-token texts
 _VERIFIED: set[tuple[str, int]] = set()
+TOOLS_MEMO_SIZE = 64  # distinct tool sets remembered (a run has a few: one per harness and task family)
 
 
 class TemplateMismatch(RuntimeError):
@@ -83,6 +85,7 @@ class ChatMLRenderer:
         self._special_re = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) or "(?!)")
         self._plain_tokenizer: Tokenizer | None = None  # made on first need (see `_plain`)
         self._cache_size = cache_blocks
+        self._tools_memo: dict[bytes, str] = {}  # tools JSON (orjson) -> the template's tools section
         self._lock = threading.Lock()
         self.generation_prompt: tuple[Piece, ...] = ((f"{IM_START}assistant\n", "template"),)
         self._after_stop = self._encode_pieces((("\n", "template"),))[0]
@@ -100,13 +103,33 @@ class ChatMLRenderer:
     def _system_block(self, content: str, tools: list[ToolSpec]) -> tuple[Piece, ...]:
         if not tools:
             return ((f"{IM_START}system\n", "template"), (content, "system"), (f"{IM_END}\n", "template"))
-        tool_lines = "".join("\n" + tojson(t.as_template_tool()) for t in tools)
         return (
             (f"{IM_START}system\n", "template"),
             (content, "system"),
-            (TOOLS_HEADER + tool_lines + TOOLS_FOOTER, "tools"),
+            (self._tools_text(tools), "tools"),
             (f"{IM_END}\n", "template"),
         )
+
+    def _tools_text(self, tools: list[ToolSpec]) -> str:
+        """The system prompt's tools section, memoized: a harness sends the same tools every call, and the
+        template's `tojson` (stdlib json, for its exact separators) costs ~25 us per tool per call.
+
+        The key is orjson's encoding of the same dicts: equal keys mean equal values and key order, so equal
+        `tojson` text; orjson writes NaN/Infinity as null, so a key holding null is not memoized.
+        """
+        dicts = [t.as_template_tool() for t in tools]
+        try:
+            key = orjson.dumps(dicts)
+        except TypeError:  # not JSON orjson writes (a non-str key, a huge int): no memo
+            key = b"null"
+        text = self._tools_memo.get(key)
+        if text is None:
+            text = TOOLS_HEADER + "".join("\n" + tojson(d) for d in dicts) + TOOLS_FOOTER
+            if b"null" not in key:
+                if len(self._tools_memo) >= TOOLS_MEMO_SIZE:
+                    self._tools_memo.pop(next(iter(self._tools_memo)), None)
+                self._tools_memo[key] = text
+        return text
 
     @staticmethod
     def _tool_call_text(call: ToolCall) -> str:

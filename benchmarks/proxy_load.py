@@ -1,0 +1,574 @@
+"""Many concurrent streaming rollouts against one proxy process, its client in other processes.
+
+    .venv/bin/python -m benchmarks.proxy_load                      # N = 1, 64, 1000; calls/s proxy vs direct
+    .venv/bin/python -m benchmarks.proxy_load --levels 1000 --rounds 3 --clients 2
+
+Three kinds of process, so the numbers say what the proxy costs and not what its client costs:
+
+- the proxy process (`serve`): a `ServingProxy` on 127.0.0.1 serving a `FastTestEngine` (a named test
+  double: pre-tokenized scripted completions, no decode, no history, so the engine costs microseconds and
+  the proxy is what is measured). It opens routes on request, watches its own event loop's lag, and runs
+  the direct baseline: the very prompt ids the proxy rendered, replayed into the same engine object with
+  the same concurrency, in the same process;
+- client processes (`client`): each rollout is one keep-alive connection to its own route and key (so no
+  per-rollout or per-peer guard is shared between rollouts), making `--calls` streamed Chat Completions
+  calls of an append-only tool-calling conversation (a ~2 kB system prompt, 4 tools); the SSE body is read
+  chunk by chunk and parsed event by event as an SDK would, so the driver keeps working when the proxy
+  streams deltas as they are generated; each call's latency is to the end of its stream;
+- this driver: spawns both, sends commands on the proxy's stdin, and prints one row per level.
+
+Added latency = the client's latency through the proxy - the engine's own latency called directly, at the
+same concurrency (median and p99). At N = 1000 both are mostly queueing (Little's law: N / calls per s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SYSTEM = ("You are a careful coding agent working in /root/.openclaw/workspace. " * 30).strip()
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name} tool. " * 5,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
+        },
+    }
+    for name in ("read", "write", "edit", "exec")
+]
+COMPLETIONS = [
+    '<tool_call>\n{"name": "exec", "arguments": {"path": "ls -la", "content": ""}}\n</tool_call>',
+    "The folder holds three files; next I will read the first one and summarise it for you.",
+]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def use_uvloop() -> str:
+    """Run this process's asyncio on uvloop when installed (the proxy's and the client's); return the loop name."""
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return "uvloop"
+
+
+# ------------------------------------------------------------------------------------------ proxy process
+class FastTestEngine:
+    """Test double of an inference engine: replays pre-tokenized completions in turn, in microseconds.
+
+    Unlike ScriptedTestEngine it neither decodes the prompt nor keeps any history (a load run would grow
+    it without bound); `delay_s` paces a call like a decoder taking that long.
+    """
+
+    def __init__(self, tokenizer: Any, completions: list[str], delay_s: float = 0.0) -> None:
+        self.tokenizer = tokenizer
+        stop = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self._ids = [list(tokenizer.encode(c, add_special_tokens=False)) + [stop] for c in completions]
+        self._turn = 0
+        self.delay_s = delay_s
+        self.policy_version = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        from clawgym_env.interfaces import Generation
+
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        self._turn += 1
+        ids = self._ids[self._turn % len(self._ids)][: sampling.max_tokens]
+        finish = "stop" if len(ids) == len(self._ids[self._turn % len(self._ids)]) else "length"
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, policy_version=0)
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        self.policy_version = version
+
+
+class LoopLag:
+    """How late a timer that should fire every `interval_s` fires: the event loop's lag, sampled; and how
+    long the garbage collector's passes took (each one stops the loop)."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s, self.samples = interval_s, []
+        self.gc_pauses: list[tuple[int, float]] = []
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pauses.append((info["generation"], time.perf_counter() - self._gc_start))
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.interval_s)
+            self.samples.append(loop.time() - start - self.interval_s)
+
+    def take(self) -> dict[str, float]:
+        samples, self.samples = self.samples, []
+        ms = [1e3 * max(s, 0.0) for s in samples]
+        pauses, self.gc_pauses = self.gc_pauses, []
+        full = [1e3 * d for g, d in pauses if g == 2]
+        return {
+            "lag_p50_ms": pct(ms, 0.5),
+            "lag_p99_ms": pct(ms, 0.99),
+            "lag_max_ms": max(ms, default=float("nan")),
+            "gc_ms_total": 1e3 * sum(d for _, d in pauses),
+            "gc_full_passes": len(full),
+            "gc_full_max_ms": max(full, default=0.0),
+        }
+
+
+async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, sampling: Any) -> dict[str, Any]:
+    """The same prompt ids straight into the engine, `n` at a time: what the proxy's callers would wait without it."""
+    queue = list(prompts)
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        while queue:
+            prompt = queue.pop()
+            start = time.perf_counter()
+            await engine.generate(prompt, sampling)
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(n)))
+    return {"calls": len(latencies), "latencies": latencies, "wall_s": time.perf_counter() - start}
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """The proxy process: JSON commands on stdin, one JSON answer line each on stdout."""
+    from clawgym_env.engines.tokenizer import load_qwen_tokenizer
+    from clawgym_env.interfaces import Policy, RolloutLimits, SamplingParams
+    from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+
+    tokenizer = load_qwen_tokenizer()
+    engine = FastTestEngine(tokenizer, COMPLETIONS, args.engine_delay_ms / 1e3)
+    policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
+    proxy = ServingProxy(args.run_dir, port=0, unix_socket=None, fsync=args.fsync)
+    await proxy.start()
+    if args.gc_threshold:
+        gc.set_threshold(*(int(x) for x in args.gc_threshold.split(",")))
+    lag = LoopLag()
+    lag_task = asyncio.create_task(lag.run())
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    prompts: list[list[int]] = []
+    handler_s: list[float] = []
+    opened = 0
+    out = sys.stdout.buffer
+
+    def answer(value: dict[str, Any]) -> None:
+        out.write(orjson.dumps(value) + b"\n")
+        out.flush()
+
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+    def fsyncs_now() -> int:
+        return getattr(getattr(proxy, "_group", None), "fsyncs", 0)
+
+    answer({"port": proxy.endpoint.port, "pid": os.getpid(), "loop": type(loop).__module__})
+    while line := await reader.readline():
+        cmd = orjson.loads(line)
+        if cmd["cmd"] == "open":
+            routes = []
+            for _ in range(cmd["n"]):
+                opened += 1
+                route = proxy.open_rollout(f"load{opened}", policy, RolloutLimits(max_calls=cmd["calls"] + 1))
+                routes.append([route.path_prefix, route.api_key])
+            prompts, handler_s = [], []
+            lag.take()
+            cpu_at_open = time.process_time()
+            fsyncs_at_open = fsyncs_now()
+            if profiler is not None:
+                profiler.enable()
+            answer({"routes": routes})
+        elif cmd["cmd"] == "close":
+            cpu_s = time.process_time() - cpu_at_open
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(str(args.profile))
+            errors = calls = 0
+            for rid in list(proxy._rollouts):
+                for call in proxy.close_rollout(rid):
+                    calls += 1
+                    errors += call.error is not None or call.drift_events > 0
+                    prompts.append(call.prompt_ids)
+                    handler_s.append(call.timings.total_s or 0.0)
+            answer(
+                {
+                    "calls": calls,
+                    "errors": errors,
+                    "cpu_s": cpu_s,
+                    "handler_p50_ms": 1e3 * pct(handler_s, 0.5),
+                    "handler_p99_ms": 1e3 * pct(handler_s, 0.99),
+                    "rss_mb": rss_mb(),
+                    "open_fds": len(os.listdir("/proc/self/fd")),
+                    "guards": proxy.guard_stats().model_dump(),
+                    "tables": proxy.table_sizes(),
+                    "fsyncs": fsyncs_now() - fsyncs_at_open,
+                    **lag.take(),
+                }
+            )
+        elif cmd["cmd"] == "direct":
+            sampling = SamplingParams(max_tokens=1024, stop_token_ids=tuple(policy.renderer.stop_token_ids))
+            answer(await direct_baseline(engine, prompts, cmd["n"], sampling))
+        elif cmd["cmd"] == "stats":
+            answer({"rss_mb": rss_mb(), "open_fds": len(os.listdir("/proc/self/fd")), **lag.take()})
+        elif cmd["cmd"] == "quit":
+            break
+    lag_task.cancel()
+    await proxy.stop()
+
+
+# ----------------------------------------------------------------------------------------- client process
+class Conn:
+    """One keep-alive HTTP/1.1 connection; reads a chunked SSE body event by event."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def post_sse(self, head: bytes, body: bytes) -> tuple[int, list[bytes], float]:
+        """Send one request; return the status, the `data:` payloads of the SSE events, and the time to the first."""
+        start = time.perf_counter()
+        self.writer.write(head + body)
+        raw_head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(raw_head[9:12])
+        lowered = raw_head.lower()
+        events: list[bytes] = []
+        first = 0.0
+        if b"transfer-encoding: chunked" not in lowered:
+            at = lowered.index(b"content-length:") + 15
+            length = int(lowered[at : lowered.index(b"\r\n", at)])
+            data = await self.reader.readexactly(length)
+            return status, [data], time.perf_counter() - start
+        pending = b""
+        while True:
+            size = int(await self.reader.readuntil(b"\r\n"), 16)
+            chunk = await self.reader.readexactly(size + 2)
+            if size == 0:
+                return status, events, first
+            pending += chunk[:-2]
+            while (end := pending.find(b"\n\n")) >= 0:
+                event, pending = pending[:end], pending[end + 2 :]
+                if not first:
+                    first = time.perf_counter() - start
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data: "):
+                        events.append(line[6:])
+
+
+def message_from_events(events: list[bytes]) -> dict[str, Any]:
+    """Accumulate chat-completion chunks into the assistant message, as an SDK would."""
+    text, calls = "", {}
+    for data in events:
+        if data == b"[DONE]":
+            continue
+        for choice in orjson.loads(data).get("choices", ()):
+            delta = choice["delta"]
+            text += delta.get("content") or ""
+            for tc in delta.get("tool_calls") or ():
+                slot = calls.setdefault(
+                    tc["index"], {"id": tc.get("id"), "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                slot["function"]["name"] += tc["function"].get("name") or ""
+                slot["function"]["arguments"] += tc["function"].get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+async def client(args: argparse.Namespace) -> None:
+    """Drive `--concurrency` rollouts over the routes in `--routes`; print one JSON line of results."""
+    routes = orjson.loads(Path(args.routes).read_bytes())
+    queue = list(reversed(routes))
+    latencies: list[float] = []
+    firsts: list[float] = []
+    errors: list[str] = []
+    tools = orjson.dumps(TOOLS)
+
+    async def rollout(conn: Conn, prefix: str, key: str) -> None:
+        head_start = (
+            f"POST {prefix}/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {key}\r\n"
+            "content-type: application/json\r\ncontent-length: "
+        ).encode()
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Task {prefix}"},
+        ]
+        for _ in range(args.calls):
+            body = b'{"model":"policy","stream":true,"tools":' + tools + b',"messages":' + orjson.dumps(messages) + b"}"
+            start = time.perf_counter()
+            status, events, first = await conn.post_sse(head_start + str(len(body)).encode() + b"\r\n\r\n", body)
+            latencies.append(time.perf_counter() - start)
+            firsts.append(first)
+            if status != 200 or not events or events[-1] != b"[DONE]":
+                errors.append(f"{status}: {b''.join(events)[:200]!r}")
+                return
+            message = message_from_events(events)
+            messages.append(message)
+            for call in message.get("tool_calls") or ():
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt c.txt"})
+            if not message.get("tool_calls"):
+                messages.append({"role": "user", "content": "go on"})
+
+    async def worker(ready: asyncio.Event) -> None:
+        conn: Conn | None = None
+        await ready.wait()
+        while queue:
+            prefix, key = queue.pop()
+            try:
+                if conn is None:
+                    conn = Conn(*await asyncio.open_connection("127.0.0.1", args.port, limit=1 << 20))
+                await rollout(conn, prefix, key)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                if conn is not None:
+                    conn.writer.close()
+                conn = None
+        if conn is not None:
+            conn.writer.close()
+
+    ready = asyncio.Event()
+    workers = [asyncio.create_task(worker(ready)) for _ in range(args.concurrency)]
+    await asyncio.sleep(0)
+    start = time.perf_counter()
+    ready.set()
+    await asyncio.gather(*workers)
+    wall = time.perf_counter() - start
+    cpu = time.process_time()
+    sys.stdout.write(
+        json.dumps(
+            {
+                "latencies": latencies,
+                "firsts": firsts,
+                "errors": errors,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "pid": os.getpid(),
+            }
+        )
+        + "\n"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- driver
+class ProxyProcess:
+    """The proxy process, driven by JSON lines on its stdin."""
+
+    def __init__(self, run_dir: Path, engine_delay_ms: float = 0.0, fsync: bool = False, loop: str = "uvloop") -> None:
+        cmd = [sys.executable, "-m", "benchmarks.proxy_load", "serve", "--run-dir", str(run_dir), "--loop", loop]
+        cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
+        if os.environ.get("PROXY_LOAD_GC_THRESHOLD"):
+            cmd += ["--gc-threshold", os.environ["PROXY_LOAD_GC_THRESHOLD"]]
+        if os.environ.get("PROXY_LOAD_PROFILE"):
+            cmd += ["--profile", os.environ["PROXY_LOAD_PROFILE"]]
+        # PROXY_LOAD_CODE_DIR: serve from another checkout (A/B against older proxy code, same driver and client)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.environ.get("PROXY_LOAD_CODE_DIR")
+        )
+        hello = self._read()
+        self.port, self.pid, self.loop = hello["port"], hello["pid"], hello["loop"]
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the proxy process exited with {self.proc.wait()}")
+        return orjson.loads(line)
+
+    def ask(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(orjson.dumps({"cmd": cmd, **fields}) + b"\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask("quit")
+            except (OSError, RuntimeError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: int, work: Path) -> dict[str, Any]:
+    """`rollouts` rollouts of `calls` streamed calls, `n` at a time, split over `clients` client processes."""
+    clients = max(1, min(clients, n))
+    routes = proxy.ask("open", n=rollouts, calls=calls)["routes"]
+    procs = []
+    for i in range(clients):
+        path = work / f"routes-{n}-{i}.json"
+        path.write_bytes(orjson.dumps(routes[i::clients]))
+        share = n // clients + (1 if i < n % clients else 0)
+        cmd = [sys.executable, "-m", "benchmarks.proxy_load", "client", "--port", str(proxy.port)]
+        cmd += ["--routes", str(path), "--concurrency", str(share), "--calls", str(calls)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        results.append(orjson.loads(out.splitlines()[-1]))
+    closed = proxy.ask("close")
+    direct = proxy.ask("direct", n=n)
+    latencies = [x for r in results for x in r["latencies"]]
+    errors = [e for r in results for e in r["errors"]]
+    wall = max(r["wall_s"] for r in results)
+    p_med, d_med = statistics.median(latencies), statistics.median(direct["latencies"])
+    return {
+        "n": n,
+        "rollouts": rollouts,
+        "calls": len(latencies),
+        "errors": len(errors) + closed["errors"],
+        "error_samples": errors[:3],
+        "proxy_calls_per_s": len(latencies) / wall,
+        "proxy_cpu_ms_per_call": 1e3 * closed["cpu_s"] / max(len(latencies), 1),
+        "proxy_calls_per_cpu_s": len(latencies) / closed["cpu_s"] if closed["cpu_s"] else float("nan"),
+        "direct_calls_per_s": direct["calls"] / direct["wall_s"],
+        "proxy_median_ms": 1e3 * p_med,
+        "direct_median_ms": 1e3 * d_med,
+        "added_median_ms": 1e3 * (p_med - d_med),
+        "added_p99_ms": 1e3 * (pct(latencies, 0.99) - pct(direct["latencies"], 0.99)),
+        "first_event_median_ms": 1e3 * statistics.median(x for r in results for x in r["firsts"]),
+        "handler_p50_ms": closed["handler_p50_ms"],
+        "handler_p99_ms": closed["handler_p99_ms"],
+        "loop_lag_p99_ms": closed["lag_p99_ms"],
+        "loop_lag_max_ms": closed["lag_max_ms"],
+        "gc_ms_per_call": closed.get("gc_ms_total", float("nan")) / max(len(latencies), 1),
+        "gc_full_passes": closed.get("gc_full_passes"),
+        "log_fsyncs": closed.get("fsyncs"),
+        "gc_full_max_ms": closed.get("gc_full_max_ms"),
+        "proxy_rss_mb": closed["rss_mb"],
+        "proxy_open_fds": closed["open_fds"],
+        "client_processes": clients,
+        "client_cpu_s": sum(r["cpu_s"] for r in results),
+        "wall_s": wall,
+        "load_avg": os.getloadavg()[0],
+        "guards": closed["guards"],
+    }
+
+
+def format_row(r: dict[str, Any]) -> str:
+    return (
+        f"N={r['n']:>4} calls={r['calls']:>5} errors={r['errors']} | calls/s proxy {r['proxy_calls_per_s']:7.0f} "
+        f"direct {r['direct_calls_per_s']:8.0f} | per proxy CPU-s {r['proxy_calls_per_cpu_s']:6.0f} | added median {r['added_median_ms']:7.2f} ms p99 "
+        f"{r['added_p99_ms']:8.2f} ms | handler p50 {r['handler_p50_ms']:.2f} ms | loop lag p99 "
+        f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | GC full {r['gc_full_passes']} max "
+        f"{r['gc_full_max_ms']:.0f} ms | RSS {r['proxy_rss_mb']:.0f} MB "
+        f"fds {r['proxy_open_fds']} | clients {r['client_processes']} cpu {r['client_cpu_s']:.1f} s "
+        f"wall {r['wall_s']:.1f} s | load {r['load_avg']:.2f}"
+    )
+
+
+def bench(
+    levels: list[int],
+    calls: int = 4,
+    rounds: int = 1,
+    clients: int = 1,
+    min_rollouts: int = 256,
+    engine_delay_ms: float = 0.0,
+    fsync: bool = False,
+    loop: str = "uvloop",
+) -> dict[str, Any]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="clawgym-proxy-load-") as tmp:
+        work = Path(tmp)
+        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop)
+        try:
+            run_level(proxy, 8, 16, 2, 1, work)  # warm-up: imports, block cache, first connections
+            rss_start = proxy.ask("stats")["rss_mb"]
+            for n in levels:
+                for _ in range(rounds):
+                    rows.append(run_level(proxy, n, max(n, min_rollouts), calls, 1 if n < 64 else clients, work))
+                    print(format_row(rows[-1]), flush=True)
+            end = proxy.ask("stats")
+        finally:
+            proxy.close()
+    return {"loop": proxy.loop, "rss_start_mb": rss_start, "rss_end_mb": end["rss_mb"], "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy_load", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="role")
+    s = sub.add_parser("serve")
+    s.add_argument("--run-dir", type=Path, required=True)
+    s.add_argument("--engine-delay-ms", type=float, default=0.0)
+    s.add_argument("--fsync", action="store_true")
+    s.add_argument("--profile", type=Path, help="cProfile each level's serving into this file")
+    s.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
+    s.add_argument("--gc-threshold", default="", help="gc.set_threshold(a, b, c) after the proxy starts: 'a,b,c'")
+    c = sub.add_parser("client")
+    c.add_argument("--port", type=int, required=True)
+    c.add_argument("--routes", type=Path, required=True)
+    c.add_argument("--concurrency", type=int, required=True)
+    c.add_argument("--calls", type=int, required=True)
+    parser.add_argument("--levels", default="1,64,1000", help="concurrent rollouts, comma-separated")
+    parser.add_argument("--calls", type=int, default=4, help="streamed calls per rollout")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per level (RSS must stay flat across them)")
+    parser.add_argument("--clients", type=int, default=1, help="client processes for N >= 64")
+    parser.add_argument("--min-rollouts", type=int, default=256, help="rollouts per level at least")
+    parser.add_argument("--engine-delay-ms", type=float, default=0.0)
+    parser.add_argument("--fsync", action="store_true", help="the proxy's CallLog fsyncs (group commit)")
+    parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"), help="the proxy process's loop")
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.role == "serve":
+        if args.loop == "uvloop":
+            use_uvloop()
+        asyncio.run(serve(args))
+        return None
+    if args.role == "client":
+        use_uvloop()
+        asyncio.run(client(args))
+        return None
+    levels = [int(x) for x in args.levels.split(",")]
+    report = bench(
+        levels, args.calls, args.rounds, args.clients, args.min_rollouts, args.engine_delay_ms, args.fsync, args.loop
+    )
+    print(
+        f"proxy loop {report['loop']}; proxy RSS {report['rss_start_mb']:.0f} MB after warm-up, "
+        f"{report['rss_end_mb']:.0f} MB at the end"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Many concurrent streaming rollouts against one proxy process (issue #18), with benchmarks/proxy_load.py:
+the proxy in its own process serving a fast engine double, the rollouts driven from a client process over
+real loopback HTTP, each rollout on its own route and key, its SSE answers read event by event.
+
+Asserted: no call fails or drifts, the proxy's connection guards refused nothing, and its RSS after a
+second identical round is within a bound of the first (nothing kept per rollout or per connection).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.proxy_load import ProxyProcess, run_level
+
+
+def two_rounds(tmp_path, n: int, calls: int, clients: int) -> list[dict]:
+    proxy = ProxyProcess(tmp_path / "run")
+    try:
+        return [run_level(proxy, n, n, calls, clients, tmp_path) for _ in range(2)]
+    finally:
+        proxy.close()
+
+
+def check(rows: list[dict], n: int, calls: int, rss_bound_mb: float) -> None:
+    for row in rows:
+        assert row["errors"] == 0, row["error_samples"]
+        assert row["calls"] == n * calls
+        assert row["guards"]["peer_refusals"] == 0 and row["guards"]["header_timeouts"] == 0
+        assert row["proxy_calls_per_s"] > 0 and row["added_median_ms"] == row["added_median_ms"]  # not NaN
+    assert rows[1]["proxy_rss_mb"] - rows[0]["proxy_rss_mb"] < rss_bound_mb, [r["proxy_rss_mb"] for r in rows]
+
+
+def test_200_concurrent_streaming_rollouts_in_one_proxy_process(tmp_path):
+    rows = two_rounds(tmp_path, n=200, calls=2, clients=1)
+    check(rows, 200, 2, rss_bound_mb=16)
+
+
+@pytest.mark.slow
+def test_1000_concurrent_streaming_rollouts_in_one_proxy_process(tmp_path):
+    rows = two_rounds(tmp_path, n=1000, calls=4, clients=2)
+    check(rows, 1000, 4, rss_bound_mb=32)
