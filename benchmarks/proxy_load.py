@@ -38,22 +38,8 @@ from typing import Any
 
 import orjson
 
-SYSTEM = ("You are a careful coding agent working in /root/.openclaw/workspace. " * 30).strip()
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"The {name} tool. " * 5,
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
-        },
-    }
-    for name in ("read", "write", "edit", "exec")
-]
-COMPLETIONS = [
-    '<tool_call>\n{"name": "exec", "arguments": {"path": "ls -la", "content": ""}}\n</tool_call>',
-    "The folder holds three files; next I will read the first one and summarise it for you.",
-]
+# The workload of benchmarks.proxy_bench (a tool-calling agent chat), so the two measure the same calls.
+from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
 
 
 def pct(values: list[float], q: float) -> float:
