@@ -8,9 +8,11 @@ gets a private route `/rollouts/<id>` and a secret key. A call goes:
     -> render (splicing earlier generations) -> context check -> engine (timeout, client disconnect)
     -> parse the generation -> record -> remember it for splicing -> respond -> delivery receipt
 
-The whole generation is made first and then written out (JSON, or SSE in the API's event format); the
-call is appended to the run's CallLog before the response goes out, so a killed proxy loses no completed
-call, and a generation that cannot be recorded is neither returned nor spliced. What one rollout may cost
+A non-streamed call's generation is made first and then written out as JSON. A streamed one is sent live
+(clawgym_env.proxy.streaming): the 200 and the first events leave with the engine's first tokens, text
+deltas and tool calls as they decode, and the final events (stop reason, usage) only after the call is
+recorded. Either way the call is appended to the run's CallLog before the answer is complete, so a killed
+proxy loses no completed call, and a generation that cannot be recorded is not spliced. What one rollout may cost
 the others (body size, nesting, connections, time) is bounded by `ProxyGuards` (clawgym_env.proxy.guards).
 Failure responses are chosen on purpose (clawgym_env.proxy.errors, docs/proxy.md).
 """
