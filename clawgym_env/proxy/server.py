@@ -756,8 +756,8 @@ class ServingProxy:
         splitter = StreamSplitter(renderer.decode, set(renderer.stop_token_ids), lambda: mint_id(tool_prefix))
 
         async def pump(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await send(b"".join(writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))))
             try:
+                await send(b"".join(writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))))
                 while (chunk := await feed.next()) is not None:
                     events = _write(writer, splitter.feed(chunk.token_ids))
                     if events:
@@ -775,9 +775,11 @@ class ServingProxy:
                 await send(b"".join(events), last=True)
             except StreamStopped as stopped:
                 err = _stopped_error(stopped, self.engine_timeout_s)
-                self._fail_stream(state, call, t0, err, stopped)
-                if stopped.why != "disconnected":
+                if isinstance(err, ProxyError):
+                    self._fail_stream(state, call, t0, stopped.generation, err.kind, err.message)
                     await send(b"".join(writer.error(err.message)), last=True)
+                else:  # the client left: nobody to tell
+                    self._fail_stream(state, call, t0, stopped.generation, "client_disconnected", None)
             except RecordFailed as failed:
                 log.error("could not record %s: %s", plan.request_id, failed)
                 self._guard_state.stats.record_failures += 1
@@ -786,30 +788,32 @@ class ServingProxy:
                 await send(b"".join(writer.error(message)), last=True)
             except Exception as exc:  # a proxy bug mid-stream: record what was generated, end with an error
                 log.exception("proxy failure in %s", plan.request_id)
-                internal = ProxyError("engine_error", f"clawgym proxy internal error: {exc}")
-                self._fail_stream(state, call, t0, internal, StreamStopped("engine", feed.generation(), exc))
-                call.error = f"internal: {type(exc).__name__}: {exc}"
-                await send(b"".join(writer.error(internal.message)), last=True)
+                self._fail_stream(state, call, t0, feed.generation(), "internal", f"{type(exc).__name__}: {exc}")
+                await send(b"".join(writer.error(f"clawgym proxy internal error: {exc}")), last=True)
             finally:
                 await feed.aclose()
 
         return LiveResponse(pump, headers={**SSE_HEADERS, "x-request-id": output.response_id})
 
     def _fail_stream(
-        self, state: RolloutState, call: ModelCall, t0: float, err: ProxyError, stopped: StreamStopped
+        self,
+        state: RolloutState,
+        call: ModelCall,
+        t0: float,
+        partial: Generation | None,
+        kind: str,
+        message: str | None,
     ) -> None:
         """Record a live stream that ended early, with the ids generated so far (as a non-streamed call would)."""
-        _attach_partial(call, stopped.generation)
-        if stopped.why == "disconnected":
+        _attach_partial(call, partial)
+        if kind == "client_disconnected":
             call.error = "client_disconnected: the harness closed the connection before the generation finished"
             call.delivered = False
             state.stats.disconnects += 1
-            state.stats.count_error("client_disconnected")
         else:
-            call.error = f"{err.kind}: {err.message}"
-            state.stats.count_error(err.kind)
-        with contextlib.suppress(OSError):
-            self._answer_failure(state, call, t0, Response(status_code=499))
+            call.error = f"{kind}: {message}"
+        state.stats.count_error(kind)
+        self._answer_failure(state, call, t0, Response(status_code=499))  # records; a failed record is counted
 
     async def _count_tokens(self, request: Request, rollout_id: str) -> Response:
         try:

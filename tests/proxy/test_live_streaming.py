@@ -346,3 +346,25 @@ async def test_client_leaving_mid_stream_records_the_partial_ids(proxy, tiny_pol
             break
         await asyncio.sleep(0.05)
     assert engine._active == 0
+
+
+async def test_engine_failing_mid_stream_ends_it_with_an_error_event_and_records_the_partial_ids(
+    proxy, tiny_model, renderer
+):
+    """The real engine times out after its first tokens went out: an `error` event, and a record like a
+    non-streamed engine timeout (error kind, partial ids, finish abort)."""
+    engine = TransformersEngine(tiny_model, seed=0, request_timeout_s=1.0)
+    engine.default_stop_ids = frozenset()
+    policy = Policy(engine=engine, renderer=renderer, name="tiny")
+    route = proxy.open_rollout("fails", policy, RolloutLimits(max_new_tokens=4000))
+    body = {"model": "tiny", "max_tokens": 4000, "messages": [{"role": "user", "content": "Go on."}], "stream": True}
+    async with httpx.AsyncClient(base_url=proxy.base_url(route), timeout=60) as client:
+        response = await client.post("/v1/messages", json=body, headers={"x-api-key": route.api_key})
+    await engine.aclose()
+    [call] = proxy.close_rollout("fails")
+    assert response.status_code == 200
+    assert response.text.startswith("event: message_start") and "message_stop" not in response.text
+    assert response.text.rstrip().splitlines()[-2] == "event: error"
+    assert call.error.startswith("engine_timeout") and call.finish_reason == "abort"
+    assert 0 < len(call.generated_ids) < 4000 and len(call.logprobs) == len(call.generated_ids)
+    assert proxy.stats("fails").error_kinds == {"engine_timeout": 1}
