@@ -127,8 +127,11 @@ class StreamSplitter:
         self.text = ""  # decoded so far (stop tokens left out, as parse does)
         self._pending: list[int] = []
         self._mode: Literal["start", "text", "held"] = "start"
+        self._head = -1  # where the first non-space character is (start: is it <think>?)
         self._body_start = 0  # where the answer begins (after a closed reasoning block)
-        self._scanned = 0  # body scanned for hazards up to here
+        self._lead = -1  # the answer's first non-space character
+        self._sent_end = 0  # text up to here went out
+        self._scan = 0  # searched up to here (for </think>, a hazard, or </tool_call>, by mode)
         self._tags_from = -1  # in "held": where a run of <tool_call> blocks starts, or -1 (hold all)
         self.reasoning: str | None = None
         self.sent_text = ""
@@ -146,36 +149,47 @@ class StreamSplitter:
         return self._advance()
 
     def _advance(self) -> list[Piece]:
+        """Look at the newly decoded text only (indices into `self.text`), so a long generation stays linear."""
         out: list[Piece] = []
+        text = self.text
         if self._mode == "start":
-            head = self.text.lstrip()
-            if head.startswith("<think>"):
-                if "</think>" not in self.text:
+            if self._head < 0:
+                stripped = len(text.lstrip())
+                if not stripped:
                     return out
-                self.reasoning = split_reasoning(self.text)[0]
+                self._head = len(text) - stripped
+            if text.startswith("<think>", self._head):
+                close = text.find("</think>", max(self._head, self._scan))
+                self._scan = max(self._head, len(text) - len("</think>"))
+                if close < 0:
+                    return out
+                self.reasoning = split_reasoning(text)[0]
                 out.append(("reasoning", self.reasoning))
-                self._body_start = self.text.index("</think>") + len("</think>")
-            elif "<think>".startswith(head):
+                self._body_start = close + len("</think>")
+            elif len(text) - self._head < len("<think>") and "<think>".startswith(text[self._head :]):
                 return out  # may still open a reasoning block
-            self._mode = "text"
-        body = self.text[self._body_start :]
+            self._mode, self._scan = "text", self._body_start
         if self._mode == "text":
-            lead = len(body) - len(body.lstrip())
-            hazard = _first_hazard(body, lead, max(lead, self._scanned))
-            self._scanned = max(0, len(body) - 16)  # nothing before this starts a hazard
-            end = hazard if hazard is not None else len(body) - _marker_prefix_len(body)
-            safe = body[:end].rstrip()
-            start = lead + len(self.sent_text)
-            if len(safe) > start:
-                out.append(("text", safe[start:]))
-                self.sent_text += safe[start:]
+            if self._lead < 0:
+                stripped = len(text) - self._body_start - len(text[self._body_start :].lstrip())
+                if self._body_start + stripped == len(text):
+                    return out  # only whitespace so far
+                self._lead = self._sent_end = self._scan = self._body_start + stripped
+            hazard = _first_hazard(text, self._lead, self._scan)
+            self._scan = max(self._lead, len(text) - 16)  # nothing before this can start a hazard any more
+            end = hazard if hazard is not None else len(text) - _marker_prefix_len(text)
+            delta = text[self._sent_end : end].rstrip()
+            if delta:
+                out.append(("text", delta))
+                self.sent_text += delta
+                self._sent_end += len(delta)
             if hazard is None:
                 return out
             self._mode = "held"
-            self._tags_from = hazard if body.startswith("<tool_call>", hazard) else -1
-        if self._tags_from >= 0:
-            matches = list(_CLOSED_TAG.finditer(body, self._tags_from))
-            for match in matches[len(self.calls) :]:
+            self._tags_from = self._scan = hazard if text.startswith("<tool_call>", hazard) else -1
+        if self._tags_from >= 0 and text.find("</tool_call>", self._scan) >= 0:
+            self._scan = len(text)
+            for match in list(_CLOSED_TAG.finditer(text, self._tags_from))[len(self.calls) :]:
                 try:
                     found = _calls_from_json(json.loads(match.group(1)), None, strict=False)
                 except json.JSONDecodeError:
@@ -187,6 +201,8 @@ class StreamSplitter:
                 call.id = self._mint_id()
                 self.calls.append(call)
                 out.append(("tool", call))
+        elif self._tags_from >= 0:
+            self._scan = max(self._tags_from, len(text) - len("</tool_call>"))
         return out
 
     def finish(self, parsed: ParsedOutput) -> tuple[list[Piece], list[ToolCall], bool]:
