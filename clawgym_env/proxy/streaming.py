@@ -84,7 +84,7 @@ class TokenFeed:
         except BaseException:
             step.cancel()
             raise
-        if step in done:
+        if step in done and not self._watcher.done():  # a gone client wins even if a chunk came with it
             try:
                 chunk = step.result()
             except StopAsyncIteration:
@@ -97,19 +97,24 @@ class TokenFeed:
             self.chunks.append(chunk)
             self.finished = chunk.finish_reason is not None
             return chunk
-        why: Literal["disconnected", "timeout"] = "disconnected" if self._watcher in done else "timeout"
+        why: Literal["disconnected", "timeout"] = "disconnected" if self._watcher.done() else "timeout"
         raise StreamStopped(why, await self._stop(step))
 
     async def _stop(self, step: asyncio.Future[TokenChunk]) -> Generation:
         """Stop the engine; an engine with abort() finishes the stream with what it generated (finish "abort")."""
         self.finished = True
+        last = None
+        if step.done() and not step.cancelled() and step.exception() is None:
+            last = step.result()  # decoded, not sent: it is part of what was generated
+            self.chunks.append(last)
         if can_abort(self.engine) and self.engine.abort(self.request_id):
             with contextlib.suppress(Exception):
-                chunk = await asyncio.wait_for(asyncio.shield(step), timeout=5)
-                self.chunks.append(chunk)
-                while chunk.finish_reason is None:
-                    chunk = await asyncio.wait_for(anext(self._iter), timeout=5)
-                    self.chunks.append(chunk)
+                if last is None:
+                    last = await asyncio.wait_for(asyncio.shield(step), timeout=5)
+                    self.chunks.append(last)
+                while last.finish_reason is None:
+                    last = await asyncio.wait_for(anext(self._iter), timeout=5)
+                    self.chunks.append(last)
         step.cancel()
         return collect(self.chunks, "abort")
 

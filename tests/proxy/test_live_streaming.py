@@ -368,3 +368,21 @@ async def test_engine_failing_mid_stream_ends_it_with_an_error_event_and_records
     assert call.error.startswith("engine_timeout") and call.finish_reason == "abort"
     assert 0 < len(call.generated_ids) < 4000 and len(call.logprobs) == len(call.generated_ids)
     assert proxy.stats("fails").error_kinds == {"engine_timeout": 1}
+
+
+async def test_a_fast_engine_still_notices_the_client_leaving(proxy, tokenizer, renderer):
+    """An engine whose chunks come every loop turn must not starve the disconnect check (it did: a chunk
+    ready together with the disconnect was taken first, every time, and the whole answer was generated)."""
+    policy = Policy(engine=ScriptedTestEngine(tokenizer, ["word " * 20_000]), renderer=renderer, max_context=100_000)
+    route = proxy.open_rollout("fast", policy, RolloutLimits(max_new_tokens=50_000, max_tokens=1_000_000))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    async with httpx.AsyncClient(base_url=proxy.base_url(route), timeout=30) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-api-key": route.api_key}) as r:
+            async for _ in r.aiter_raw():
+                break
+    for _ in range(200):
+        if proxy.calls("fast"):
+            break
+        await asyncio.sleep(0.05)
+    [call] = proxy.close_rollout("fast")
+    assert call.error.startswith("client_disconnected") and 0 < len(call.generated_ids) < 20_000
