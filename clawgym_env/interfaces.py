@@ -129,6 +129,17 @@ class Generation(BaseModel):
         return values
 
 
+@dataclass(slots=True)
+class TokenChunk:
+    """Tokens an engine decoded since its previous chunk (streaming); the last chunk of a stream carries the
+    finish reason and policy version, and all chunks' ids and logprobs together are the `Generation`."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason | None = None
+    policy_version: int = 0
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """Token ids in, token ids and logprobs out. Batched across concurrent callers by the engine."""
@@ -136,6 +147,9 @@ class InferenceEngine(Protocol):
     policy_version: int
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
+
+    # Optional: `stream(prompt_ids, sampling, *, request_id=None) -> AsyncIterator[TokenChunk]` yields tokens
+    # as they decode; `clawgym_env.engines.streaming.stream_tokens` falls back to generate() without it.
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
 

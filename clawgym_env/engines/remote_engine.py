@@ -7,6 +7,8 @@ Token ids go in and token ids + logprobs come back; no text is ever re-tokenized
   Start vLLM with `--logprobs-mode processed_logprobs` so recorded logprobs are those of the
   distribution actually sampled from (temperature, top-k/top-p applied), as the in-process engine does.
 - SGLang (`api="sglang"`): `POST /generate` with `input_ids` and `return_logprob=true`.
+- `stream()` (vLLM): the same request with `stream: true`; each SSE chunk's token ids and logprobs are
+  yielded as the server decodes them. For SGLang it yields one chunk from `generate()`.
 
 Connection failures and 502/503/504 are retried (tenacity, exponential back-off); a read timeout is
 not (the server may still be generating). Weight updates happen on the server side: pass
@@ -15,13 +17,14 @@ not (the server may still be generating). Weight updates happen on the server si
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
+from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 RemoteApi = Literal["vllm", "sglang"]
 
@@ -42,6 +45,16 @@ def _finish(reason: Any) -> FinishReason:
     if reason in ("stop", "length", "abort"):
         return reason
     return "error" if reason else "stop"
+
+
+def _vllm_choice(choice: dict[str, Any]) -> tuple[list[int], list[float], Any]:
+    """Token ids, their logprobs and the finish reason of one /v1/completions choice (or stream chunk)."""
+    lp = choice.get("logprobs") or {}
+    logprobs = [float(x) for x in lp.get("token_logprobs") or []]
+    ids = choice.get("token_ids")
+    if ids is None:  # older vLLM: tokens come back as "token_id:<n>"
+        ids = [int(str(t).split(":", 1)[1]) for t in lp.get("tokens") or []]
+    return [int(t) for t in ids], logprobs, choice.get("finish_reason")
 
 
 class RemoteEngine:
@@ -114,9 +127,51 @@ class RemoteEngine:
             raise RemoteEngineError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
-    async def _generate_vllm(
-        self, prompt_ids: list[int], s: SamplingParams
-    ) -> tuple[list[int], list[float], FinishReason]:
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        """Yield tokens as the server decodes them (vLLM `stream: true`); the last chunk has the finish reason.
+
+        Not retried: a failure after the first tokens cannot be replayed to the caller.
+        """
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
+        version = self.policy_version
+        if self.api != "vllm":
+            gen = await self.generate(prompt_ids, sampling)
+            yield TokenChunk(gen.token_ids, gen.logprobs, gen.finish_reason, version)
+            return
+        body = {**await self._vllm_body(prompt_ids, sampling), "stream": True}
+        finish: FinishReason | None = None
+        async with self._client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code >= 400:
+                text = (await response.aread()).decode(errors="replace")
+                raise RemoteEngineError(
+                    f"vllm server at {self.base_url}/v1/completions answered {response.status_code}: {text[:500]}"
+                )
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    choices = json.loads(data).get("choices") or []
+                    if not choices:
+                        continue  # a usage-only chunk
+                    ids, logprobs, reason = _vllm_choice(choices[0])
+                except (json.JSONDecodeError, KeyError, IndexError, ValueError, TypeError) as exc:
+                    raise RemoteEngineError(f"unexpected /v1/completions stream chunk ({exc!r}): {data[:500]}") from exc
+                if len(ids) != len(logprobs):
+                    raise RemoteEngineError(f"server streamed {len(ids)} token ids but {len(logprobs)} logprobs")
+                if reason is not None:
+                    finish = _finish(reason)
+                if ids or reason is not None:
+                    yield TokenChunk(ids, logprobs, finish, version)
+        if finish is None:  # the stream ended without a finish reason
+            yield TokenChunk([], [], "abort", version)
+
+    async def _vllm_body(self, prompt_ids: list[int], s: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": await self._model_name(),
             "prompt": list(prompt_ids),
@@ -134,15 +189,15 @@ class RemoteEngine:
             body["seed"] = s.seed
         if s.stop_token_ids:
             body["stop_token_ids"] = list(s.stop_token_ids)
-        data = await self._post("/v1/completions", body)
+        return body
+
+    async def _generate_vllm(
+        self, prompt_ids: list[int], s: SamplingParams
+    ) -> tuple[list[int], list[float], FinishReason]:
+        data = await self._post("/v1/completions", await self._vllm_body(prompt_ids, s))
         try:
-            choice = data["choices"][0]
-            lp = choice.get("logprobs") or {}
-            logprobs = [float(x) for x in lp.get("token_logprobs") or []]
-            ids = choice.get("token_ids")
-            if ids is None:  # older vLLM: tokens come back as "token_id:<n>"
-                ids = [int(str(t).split(":", 1)[1]) for t in lp.get("tokens") or []]
-            return [int(t) for t in ids], logprobs, _finish(choice.get("finish_reason"))
+            ids, logprobs, reason = _vllm_choice(data["choices"][0])
+            return ids, logprobs, _finish(reason)
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             raise RemoteEngineError(f"unexpected /v1/completions answer ({exc!r}): {str(data)[:500]}") from exc
 

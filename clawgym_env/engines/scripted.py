@@ -3,16 +3,17 @@
 Proxy and harness tests need a model that emits *exactly* a given tool call in the model's native
 format. This engine tokenizes each scripted completion text with the real tokenizer, appends the stop
 token (`<|im_end|>` for Qwen), and returns it with logprob 0.0 per token, so everything downstream of
-the engine (renderers, splicing, recording) runs for real.
+the engine (renderers, splicing, recording) runs for real. `stream()` hands the same ids out one token
+at a time (after `token_delay_s` each), as a decoding engine would.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from clawgym_env.interfaces import Generation, SamplingParams
+from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
 Script = Sequence[str] | Callable[[str], str]
 
@@ -28,8 +29,11 @@ class ScriptedTestEngine:
     assert what the engine saw.
     """
 
-    def __init__(self, tokenizer: Any, completions: Script, *, stop_token: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, completions: Script, *, stop_token: str | None = None, token_delay_s: float = 0.0
+    ) -> None:
         self.tokenizer = tokenizer
+        self.token_delay_s = token_delay_s
         self._script = completions if callable(completions) else list(completions)
         self._next = 0
         stop = stop_token or tokenizer.eos_token
@@ -75,6 +79,18 @@ class ScriptedTestEngine:
         return Generation(
             token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, policy_version=self.policy_version
         )
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        generation = await self.generate(prompt_ids, sampling)
+        ids, last = generation.token_ids, len(generation.token_ids) - 1
+        for i, token in enumerate(ids):
+            await asyncio.sleep(self.token_delay_s)
+            finish = generation.finish_reason if i == last else None
+            yield TokenChunk([token], [generation.logprobs[i]], finish, generation.policy_version)
+        if not ids:
+            yield TokenChunk([], [], generation.finish_reason, generation.policy_version)
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         self.policy_version = version

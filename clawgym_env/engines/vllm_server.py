@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from clawgym_env.engines.remote_engine import RemoteEngine
-from clawgym_env.interfaces import Generation, SamplingParams
+from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
 
 class ServerUnavailable(RuntimeError):
@@ -372,6 +372,54 @@ class VLLMServerPool:
         """The pool's counts and each server's share of the calls (for a run's summary)."""
         servers = [{"url": s.url, "alive": s.alive, "served": s.served} for s in self.slots]
         return {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        """`generate()` with the server's `stream: true`: same routing and version checks; the check after
+        the call runs before the last chunk goes out, so a version change mid-stream fails the stream."""
+        self._loop = asyncio.get_running_loop()
+        await self._resume.wait()
+        self.stats.calls += 1
+        try:
+            slot = await self._route(prompt_ids)
+        except ServerUnavailable:
+            self.stats.failed_calls += 1
+            raise
+        required = self.policy_version
+        slot.in_flight += 1
+        self._in_flight += 1
+        self._idle.clear()
+        ids: list[int] = []
+        try:
+            before = await self._ensure_version(slot)
+            if before < required:
+                raise ServerUnavailable(
+                    f"{slot.url} serves policy version {before}, older than the requested {required}"
+                )
+            async for chunk in slot.client.stream(prompt_ids, sampling):
+                ids += chunk.token_ids
+                if chunk.finish_reason is not None:
+                    after = await self.server_version(slot.url)
+                    if after != before:
+                        raise ServerUnavailable(
+                            f"{slot.url} changed policy version {before} -> {after} during the call"
+                        )
+                yield TokenChunk(chunk.token_ids, chunk.logprobs, chunk.finish_reason, before)
+        except (httpx.HTTPError, ServerUnavailable, OSError) as exc:
+            self.stats.failed_calls += 1
+            if not isinstance(exc, ServerUnavailable) or "during the call" in str(exc):
+                self._lose(slot)
+            if isinstance(exc, ServerUnavailable):
+                raise
+            raise ServerUnavailable(f"{slot.url} failed: {exc!r}") from exc
+        finally:
+            slot.in_flight -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        slot.served += 1
+        slot.recent.append(tuple(prompt_ids) + tuple(ids))
 
     # ---------------------------------------------------------------------------------------- weights
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:

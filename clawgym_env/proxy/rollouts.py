@@ -36,6 +36,7 @@ class RolloutStats(BaseModel):
     prefix_breaks: dict[str, int] = Field(default_factory=dict)  # calls that did not, by reason (clawgym_env.prefix)
     new_roots: int = 0  # first calls of another system prompt / tool set (a subagent or side call): not breaks
     control_token_texts: int = 0  # control tokens written as text in user/tool/system text (kept as text)
+    stream_mismatches: int = 0  # live streams whose early pieces the final parse did not confirm (see streaming.py)
     closed: bool = False
 
     def count_error(self, kind: str) -> None:

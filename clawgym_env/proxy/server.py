@@ -8,9 +8,11 @@ gets a private route `/rollouts/<id>` and a secret key. A call goes:
     -> render (splicing earlier generations) -> context check -> engine (timeout, client disconnect)
     -> parse the generation -> record -> remember it for splicing -> respond -> delivery receipt
 
-The whole generation is made first and then written out (JSON, or SSE in the API's event format); the
-call is appended to the run's CallLog before the response goes out, so a killed proxy loses no completed
-call, and a generation that cannot be recorded is neither returned nor spliced. What one rollout may cost
+A non-streamed call's generation is made first and then written out as JSON. A streamed one is sent live
+(clawgym_env.proxy.streaming): the 200 and the first events leave with the engine's first tokens, text
+deltas and tool calls as they decode, and the final events (stop reason, usage) only after the call is
+recorded. Either way the call is appended to the run's CallLog before the answer is complete, so a killed
+proxy loses no completed call, and a generation that cannot be recorded is not spliced. What one rollout may cost
 the others (body size, nesting, connections, time) is bounded by `ProxyGuards` (clawgym_env.proxy.guards).
 Failure responses are chosen on purpose (clawgym_env.proxy.errors, docs/proxy.md).
 """
@@ -26,6 +28,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +49,10 @@ from clawgym_env.proxy.apis import (
     ResponsesAdapter,
 )
 from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
+from clawgym_env.proxy.apis.base import EventWriter, mint_id
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest
 from clawgym_env.proxy.apis.openai_responses import ResponsesRequest
+from clawgym_env.proxy.conversation import Conversation
 from clawgym_env.proxy.durability import GroupCommit
 from clawgym_env.proxy.errors import ProxyError, error_body
 from clawgym_env.proxy.fastpath import HotRoutes
@@ -62,7 +67,9 @@ from clawgym_env.proxy.guards import (
     raise_open_file_limit,
 )
 from clawgym_env.proxy.renderers import check_renderer_fits_engine
+from clawgym_env.proxy.renderers.base import ParsedOutput
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
+from clawgym_env.proxy.streaming import Piece, StreamSplitter, StreamStopped, TokenFeed
 from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
 from clawgym_env.specs import ApiStyle
 
@@ -111,6 +118,8 @@ class ServingProxy:
     keep_closed: how many closed rollouts' `RolloutStats` stay readable (and their routes answer 410); older
     ones are dropped, so a proxy serving millions of rollouts holds nothing per finished rollout beyond this.
     guards: the limits that keep one rollout from costing the others (`ProxyGuards`; defaults fit harnesses).
+    live_streaming: a `stream: true` call is sent as the engine decodes (True), or whole at the end (False,
+    the behaviour before issue #18; kept for comparison).
     """
 
     def __init__(
@@ -125,6 +134,7 @@ class ServingProxy:
         fsync: bool = False,
         keep_closed: int = 1024,
         guards: ProxyGuards | None = None,
+        live_streaming: bool = True,
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("ServingProxy needs somewhere to listen: a unix_socket path (or 'auto') and/or a port")
@@ -135,6 +145,7 @@ class ServingProxy:
         self._unix_socket_arg = unix_socket
         self._port_arg = port
         self.engine_timeout_s = engine_timeout_s
+        self.live_streaming = live_streaming
         self.endpoint = ProxyEndpoint(host=host, port=port, public_url=public_url)
         self._rollouts: dict[str, RolloutState] = {}
         self.keep_closed = keep_closed
@@ -492,17 +503,24 @@ class ServingProxy:
             return _json(err.body(adapter.style), err.status)
         in_flight = self._in_flight.get(rollout_id, 0)
         self._in_flight[rollout_id] = in_flight + 1
+        response: Response | None = None
         try:
             response = await self._guarded_call(request, state, adapter, received_at, t0, in_flight)
-            if self._group is not None:
+            if self._group is not None and not isinstance(response, LiveResponse):
                 response = await self._once_durable(state, adapter, response)
             return response
         finally:
-            left = self._in_flight.get(rollout_id, 1) - 1
-            if left > 0:
-                self._in_flight[rollout_id] = left
+            if isinstance(response, LiveResponse):
+                response.on_end = lambda: self._release(rollout_id)  # in flight until the stream ends
             else:
-                self._in_flight.pop(rollout_id, None)
+                self._release(rollout_id)
+
+    def _release(self, rollout_id: str) -> None:
+        left = self._in_flight.get(rollout_id, 1) - 1
+        if left > 0:
+            self._in_flight[rollout_id] = left
+        else:
+            self._in_flight.pop(rollout_id, None)
 
     async def _once_durable(self, state: RolloutState, adapter: ApiAdapter, response: Response) -> Response:
         """With fsync=True: the answer waits until its record is on disk (one fsync shared by many calls)."""
@@ -651,34 +669,12 @@ class ServingProxy:
         sampling = SamplingParams(
             max_tokens=max_new, temperature=limits.temperature, stop_token_ids=tuple(renderer.stop_token_ids)
         )
-        request_id = f"{state.route.rollout_id}#{call.call_index}"
-        generation = await self._run_engine(request, policy, prompt_ids, sampling, request_id)
-        t_generated = time.perf_counter()
-        call.timings.generate_s = t_generated - t_rendered
-
-        gen_ids = generation.token_ids
-        call.generated_ids, call.logprobs = gen_ids, generation.logprobs
-        call.finish_reason, call.policy_version = generation.finish_reason, generation.policy_version
-        parsed = renderer.parse(gen_ids, conversation.tool_names)
-        state.last_full_ids = prompt_ids + gen_ids
-        stats.completed_calls += 1
-        stats.prompt_tokens += len(prompt_ids)
-        stats.generated_tokens += len(gen_ids)
-        stats.new_tokens += new_prompt + len(gen_ids)
-
-        finish = "tool_calls" if parsed.tool_calls else ("length" if generation.finish_reason == "length" else "stop")
-        output = adapter.finish_output(
-            CallOutput(
-                model=policy.name if not getattr(parsed_request, "model", None) else parsed_request.model,
-                created=int(call.timings.received_at),
-                text=parsed.text,
-                reasoning=parsed.reasoning,
-                tool_calls=parsed.tool_calls,
-                finish=finish,
-                prompt_tokens=len(prompt_ids),
-                completion_tokens=len(gen_ids),
-            )
-        )
+        plan = _CallPlan(conversation, rendered, new_prompt, sampling, f"{state.route.rollout_id}#{call.call_index}")
+        if call.streamed and self.live_streaming:
+            return await self._start_live_stream(request, state, adapter, parsed_request, call, t0, plan)
+        generation = await self._run_engine(request, policy, prompt_ids, sampling, plan.request_id)
+        parsed = self._account(state, call, plan, generation, t0)
+        output = adapter.finish_output(self._call_output(state, call, parsed_request, parsed, generation))
         headers = {"x-request-id": output.response_id}
         if call.streamed:
             payload = b"".join(adapter.stream(output, parsed_request))
@@ -687,24 +683,181 @@ class ServingProxy:
             )
         else:
             response = _json(adapter.response(output, parsed_request), headers=headers)
-        # record first (a killed proxy loses no answered call), then let later calls splice it, then answer.
-        # The log line says "not delivered" until a receipt says otherwise; in memory it is None until then.
+        self._commit(request, state, call, t0, plan, parsed)
+        return response
+
+    def _account(
+        self, state: RolloutState, call: ModelCall, plan: _CallPlan, generation: Generation, t0: float
+    ) -> ParsedOutput:
+        """Put a finished generation on the call and the rollout's counters; its parse (text, tool calls)."""
+        stats, prompt_ids, gen_ids = state.stats, plan.rendered.prompt_ids, generation.token_ids
+        call.timings.generate_s = time.perf_counter() - t0 - call.timings.render_s
+        call.generated_ids, call.logprobs = gen_ids, generation.logprobs
+        call.finish_reason, call.policy_version = generation.finish_reason, generation.policy_version
+        parsed = state.policy.renderer.parse(gen_ids, plan.conversation.tool_names)
+        state.last_full_ids = prompt_ids + gen_ids
+        stats.completed_calls += 1
+        stats.prompt_tokens += len(prompt_ids)
+        stats.generated_tokens += len(gen_ids)
+        stats.new_tokens += plan.new_prompt + len(gen_ids)
+        return parsed
+
+    @staticmethod
+    def _call_output(
+        state: RolloutState,
+        call: ModelCall,
+        parsed_request: Any,
+        parsed: ParsedOutput | None,
+        generation: Generation | None,
+    ) -> CallOutput:
+        """The answer's summary; without a parse yet (a live stream's start) it holds the ids and sizes only."""
+        finish = "stop"
+        if parsed is not None and generation is not None:
+            finish = (
+                "tool_calls" if parsed.tool_calls else ("length" if generation.finish_reason == "length" else "stop")
+            )
+        return CallOutput(
+            model=getattr(parsed_request, "model", None) or state.policy.name,
+            created=int(call.timings.received_at),
+            text=parsed.text if parsed else "",
+            reasoning=parsed.reasoning if parsed else None,
+            tool_calls=parsed.tool_calls if parsed else [],
+            finish=finish,  # type: ignore[arg-type]
+            prompt_tokens=len(call.prompt_ids),
+            completion_tokens=len(generation.token_ids) if generation else 0,
+        )
+
+    def _commit(
+        self, request: Request, state: RolloutState, call: ModelCall, t0: float, plan: _CallPlan, parsed: ParsedOutput
+    ) -> None:
+        """Record the call (raises RecordFailed), then let later calls splice it, then ask for a delivery receipt.
+
+        The log line says "not delivered" until a receipt says otherwise; in memory it is None until then.
+        """
         call.delivered = False
         try:
             self._finish_record(state, call, t0)
         except OSError as exc:
             raise RecordFailed(str(exc)) from exc
         call.delivered = None
+        renderer = state.policy.renderer
         state.memory.remember(
-            call.call_index, prompt_ids, gen_ids, parsed, renderer.end_of_turn_id, position=rendered.assistant_turns
+            call.call_index,
+            plan.rendered.prompt_ids,
+            call.generated_ids,
+            parsed,
+            renderer.end_of_turn_id,
+            position=plan.rendered.assistant_turns,
         )
         state.completed(call)  # only a recorded generation is what later prompts are compared with
         connection = request.scope.get("extensions", {}).get(SCOPE_KEY)
         if connection is not None:
-            connection.when_delivered(
-                lambda delivered: self._receipt(call, delivered)
-            )  # holds the call, not the rollout
-        return response
+            connection.when_delivered(lambda delivered: self._receipt(call, delivered))  # holds the call only
+
+    # ------------------------------------------------------------------------------ live streams
+    async def _start_live_stream(
+        self,
+        request: Request,
+        state: RolloutState,
+        adapter: ApiAdapter,
+        parsed_request: Any,
+        call: ModelCall,
+        t0: float,
+        plan: _CallPlan,
+    ) -> Response:
+        """Wait for the engine's first tokens, then answer 200 and stream the rest as it decodes.
+
+        A failure before the first token (engine error, timeout, disconnect) is answered like a non-streamed
+        one; after it, an error event ends the stream. Either way the call is recorded with its partial ids.
+        """
+        loop = asyncio.get_running_loop()
+        feed = TokenFeed(
+            state.policy.engine,
+            plan.rendered.prompt_ids,
+            plan.sampling,
+            plan.request_id,
+            request.receive,
+            loop.time() + self.engine_timeout_s,
+        )
+        try:
+            first = await feed.next()
+        except StreamStopped as stopped:
+            await feed.aclose()
+            raise _stopped_error(stopped, self.engine_timeout_s) from stopped.cause
+        except BaseException:
+            await feed.aclose()
+            raise
+        call.timings.first_token_s = time.perf_counter() - t0
+        output = adapter.finish_output(self._call_output(state, call, parsed_request, None, None))
+        writer = adapter.events(output, parsed_request)
+        renderer = state.policy.renderer
+        tool_prefix = adapter.tool_call_id_prefix
+        splitter = StreamSplitter(renderer.decode, set(renderer.stop_token_ids), lambda: mint_id(tool_prefix))
+
+        async def pump(send: Callable[[bytes], Awaitable[None]]) -> None:
+            try:
+                await send(b"".join(writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))))
+                while (chunk := await feed.next()) is not None:
+                    events = _write(writer, splitter.feed(chunk.token_ids))
+                    if events:
+                        await send(b"".join(events))
+                generation = feed.generation()
+                parsed = self._account(state, call, plan, generation, t0)
+                rest, calls, agrees = splitter.finish(parsed)
+                if not agrees:
+                    state.stats.stream_mismatches += 1
+                    log.warning("%s: the streamed pieces differ from the final parse", plan.request_id)
+                final = self._call_output(state, call, parsed_request, parsed, generation)
+                final.response_id, final.tool_calls, final.extra = output.response_id, calls, output.extra
+                events = _write(writer, rest) + writer.finish(final)
+                self._commit(request, state, call, t0, plan, parsed)
+                if self._group is not None:  # fsync=True: the final events wait until the record is on disk
+                    try:
+                        await self._group.durable()
+                    except OSError as exc:
+                        raise RecordFailed(f"the call log could not be made durable: {exc}") from exc
+                await send(b"".join(events), last=True)
+            except StreamStopped as stopped:
+                err = _stopped_error(stopped, self.engine_timeout_s)
+                if isinstance(err, ProxyError):
+                    self._fail_stream(state, call, t0, stopped.generation, err.kind, err.message)
+                    await send(b"".join(writer.error(err.message)), last=True)
+                else:  # the client left: nobody to tell
+                    self._fail_stream(state, call, t0, stopped.generation, "client_disconnected", None)
+            except RecordFailed as failed:
+                log.error("could not record %s: %s", plan.request_id, failed)
+                self._guard_state.stats.record_failures += 1
+                state.stats.count_error("record_failed")
+                message = f"clawgym proxy could not record this call ({failed}); its generation is not returned"
+                await send(b"".join(writer.error(message)), last=True)
+            except Exception as exc:  # a proxy bug mid-stream: record what was generated, end with an error
+                log.exception("proxy failure in %s", plan.request_id)
+                self._fail_stream(state, call, t0, feed.generation(), "internal", f"{type(exc).__name__}: {exc}")
+                await send(b"".join(writer.error(f"clawgym proxy internal error: {exc}")), last=True)
+            finally:
+                await feed.aclose()
+
+        return LiveResponse(pump, headers={**SSE_HEADERS, "x-request-id": output.response_id})
+
+    def _fail_stream(
+        self,
+        state: RolloutState,
+        call: ModelCall,
+        t0: float,
+        partial: Generation | None,
+        kind: str,
+        message: str | None,
+    ) -> None:
+        """Record a live stream that ended early, with the ids generated so far (as a non-streamed call would)."""
+        _attach_partial(call, partial)
+        if kind == "client_disconnected":
+            call.error = "client_disconnected: the harness closed the connection before the generation finished"
+            call.delivered = False
+            state.stats.disconnects += 1
+        else:
+            call.error = f"{kind}: {message}"
+        state.stats.count_error(kind)
+        self._answer_failure(state, call, t0, Response(status_code=499))  # records; a failed record is counted
 
     async def _count_tokens(self, request: Request, rollout_id: str) -> Response:
         try:
@@ -835,6 +988,73 @@ def _attach_partial(call: ModelCall, generation: Generation | None) -> None:
 
 async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+@dataclass(slots=True)
+class _CallPlan:
+    """What a generation call is about to run: its conversation, rendered prompt and sampling."""
+
+    conversation: Conversation
+    rendered: Any  # the renderer's Rendered (prompt ids, segments, assistant turns)
+    new_prompt: int  # prompt tokens beyond the previous call's full ids (for the token budget)
+    sampling: SamplingParams
+    request_id: str
+
+
+def _write(writer: EventWriter, pieces: list[Piece]) -> list[bytes]:
+    events: list[bytes] = []
+    for kind, value in pieces:
+        if kind == "reasoning":
+            events += writer.reasoning(value)
+        elif kind == "text":
+            events += writer.text(value)
+        else:
+            events += writer.tool_call(value)
+    return events
+
+
+def _stopped_error(stopped: StreamStopped, timeout_s: float) -> Exception:
+    """The error a stopped feed is answered with (before the first token) or recorded as (after it)."""
+    if stopped.why == "disconnected":
+        return ClientDisconnected(stopped.generation)
+    if stopped.why == "timeout":
+        err = ProxyError("engine_timeout", f"clawgym: the inference engine did not answer within {timeout_s:g} s")
+    else:
+        exc = stopped.cause
+        log.warning("engine failed: %s: %s", type(exc).__name__, exc)
+        kind = "engine_timeout" if isinstance(exc, TimeoutError) else "engine_error"
+        err = ProxyError(kind, f"clawgym: the inference engine failed: {type(exc).__name__}: {exc}")
+    err.generation = stopped.generation  # type: ignore[attr-defined]
+    return err
+
+
+class LiveResponse(Response):
+    """An SSE response whose body a coroutine writes while the generation runs (`send(data, last=False)`)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, pump: Callable[..., Awaitable[None]], headers: dict[str, str]) -> None:
+        super().__init__(content=None, headers=headers, media_type=self.media_type)
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]  # chunked
+        self.pump = pump
+        self.on_end: Callable[[], None] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+
+        async def write(data: bytes, last: bool = False) -> None:
+            nonlocal ended
+            ended = ended or last
+            await send({"type": "http.response.body", "body": data, "more_body": not last})
+
+        try:
+            await self.pump(write)
+        finally:
+            if self.on_end is not None:
+                self.on_end()
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class BodyTooLarge(Exception):

@@ -91,3 +91,19 @@ async def test_server_errors_are_reported_not_retried(token_server):
     remote.set_policy_version(4)
     assert (await remote.generate([1, 2, 3], SamplingParams(max_tokens=1))).policy_version == 4
     await remote.aclose()
+
+
+async def test_vllm_stream_yields_what_generate_returns(token_server, chat_prompt):
+    """`stream: true` over HTTP: several chunks as the engine decodes, together the same generation."""
+    url, local = token_server
+    remote = RemoteEngine(url)
+    s = SamplingParams(max_tokens=16, seed=9, temperature=0.9)
+    chunks = [chunk async for chunk in remote.stream(chat_prompt, s)]
+    want = await local.generate(chat_prompt, s)
+    assert len(chunks) > 2 and all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason == want.finish_reason == "length"
+    assert [t for c in chunks for t in c.token_ids] == want.token_ids
+    assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(want.logprobs, abs=1e-4)
+    with pytest.raises(RemoteEngineError, match="400"):
+        _ = [chunk async for chunk in remote.stream([10**9], s)]  # an id outside the vocabulary
+    await remote.aclose()

@@ -197,3 +197,46 @@ async def test_bad_prompts_are_refused_clearly(engine):
         await engine.generate([], SamplingParams())
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         await engine.generate([1, 10**7], SamplingParams())
+
+
+async def test_stream_hands_out_tokens_from_inside_the_batch(tiny_model, qwen_tok, chat_prompt):
+    """Streamed requests share the batch with generate() ones and yield what generate() would return."""
+    streaming = TransformersEngine(tiny_model, qwen_tok, max_batch_size=4, prefix_cache_entries=0)
+    serial = TransformersEngine(tiny_model, qwen_tok, max_batch_size=1, prefix_cache_entries=0)
+    prompts = [chat_prompt + qwen_tok.encode(" y" * i) for i in range(3)]
+    params = [SamplingParams(max_tokens=12 + i, seed=10 + i) for i in range(3)]
+
+    async def streamed(prompt, sampling):
+        return [chunk async for chunk in streaming.stream(prompt, sampling)]
+
+    together = await asyncio.gather(
+        streamed(prompts[0], params[0]), streamed(prompts[1], params[1]), streaming.generate(prompts[2], params[2])
+    )
+    assert streaming.stats.max_batch_seen > 1
+    for prompt, sampling, chunks in zip(prompts[:2], params[:2], together[:2]):
+        alone = await serial.generate(prompt, sampling)
+        assert len(chunks) > 2 and all(c.finish_reason is None for c in chunks[:-1])
+        assert chunks[-1].finish_reason == alone.finish_reason == "length"
+        assert [t for c in chunks for t in c.token_ids] == alone.token_ids
+        assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(alone.logprobs, abs=1e-4)
+    streaming.close()
+    serial.close()
+
+
+async def test_closing_a_stream_early_frees_the_slot(engine, chat_prompt):
+    stream = engine.stream(chat_prompt, SamplingParams(max_tokens=5000), request_id="s1")
+    first = await anext(stream)
+    assert first.token_ids and first.finish_reason is None
+    await stream.aclose()
+    nxt = await asyncio.wait_for(engine.generate(chat_prompt, SamplingParams(max_tokens=3)), timeout=20)
+    assert len(nxt.token_ids) == 3 and engine._active == 0
+
+
+async def test_abort_ends_a_stream_with_the_partial_generation(engine, chat_prompt):
+    chunks = []
+    async for chunk in engine.stream(chat_prompt, SamplingParams(max_tokens=5000), request_id="s2"):
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            assert engine.abort("s2")
+    assert chunks[-1].finish_reason == "abort"
+    assert 3 <= sum(len(c.token_ids) for c in chunks) < 5000 and engine._active == 0

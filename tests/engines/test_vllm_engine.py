@@ -105,6 +105,19 @@ async def test_logprobs_match_teacher_forcing(engine, hf_model, chat_prompt):
 @pytest.mark.vllm
 @needs_vllm
 @pytest.mark.asyncio(loop_scope="module")
+async def test_stream_yields_the_generation_token_by_token(engine, chat_prompt):
+    sampling = SamplingParams(max_tokens=24, seed=7)
+    whole = await engine.generate(chat_prompt, sampling)
+    chunks = [chunk async for chunk in engine.stream(chat_prompt, sampling)]
+    assert len(chunks) > 2 and all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason == whole.finish_reason
+    assert [t for c in chunks for t in c.token_ids] == whole.token_ids
+    assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(whole.logprobs, abs=1e-5)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.asyncio(loop_scope="module")
 async def test_prefix_cache_serves_the_previous_turn(engine, qwen_tok):
     text = "Read the files in the workspace and summarise each one. " * 30
     turn1 = qwen_tok.apply_chat_template(

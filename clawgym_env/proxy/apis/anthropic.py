@@ -11,7 +11,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, Permissive, chunks, content_text, sse
+from clawgym_env.proxy.apis.base import (
+    ApiAdapter,
+    CallOutput,
+    EventWriter,
+    Permissive,
+    chunks,
+    content_text,
+    sse,
+)
 from clawgym_env.proxy.conversation import (
     Conversation,
     Message,
@@ -194,43 +202,75 @@ class AnthropicAdapter(ApiAdapter):
     def response(self, output: CallOutput, request: Any) -> dict[str, Any]:
         return self._message(output, self._content(output), self.stop_reason(output))
 
-    def stream(self, output: CallOutput, request: Any) -> list[bytes]:
-        start = self._message(output, [], None)
-        start["usage"] = {**self._usage(output), "output_tokens": 0}
-        events = [sse({"type": "message_start", "message": start}, "message_start"), sse({"type": "ping"}, "ping")]
-        for index, block in enumerate(self._content(output)):
-            kind = block["type"]
-            if kind == "thinking":
-                opening = {"type": "thinking", "thinking": "", "signature": ""}
-                deltas = [{"type": "thinking_delta", "thinking": c} for c in chunks(block["thinking"])]
-                deltas.append({"type": "signature_delta", "signature": block["signature"]})
-            elif kind == "text":
-                opening = {"type": "text", "text": ""}
-                deltas = [{"type": "text_delta", "text": c} for c in chunks(block["text"])] if block["text"] else []
-            else:
-                opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-                deltas = [
-                    {"type": "input_json_delta", "partial_json": c} for c in chunks(arguments_json(block["input"]))
-                ]
-            events.append(
-                sse({"type": "content_block_start", "index": index, "content_block": opening}, "content_block_start")
-            )
-            events += [
-                sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta") for d in deltas
-            ]
-            events.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    def events(self, output: CallOutput, request: Any) -> AnthropicEvents:
+        return AnthropicEvents(output, request, self)
+
+
+class AnthropicEvents(EventWriter):
+    """message_start, content blocks (thinking, text, tool_use with input_json_delta), message_delta, message_stop."""
+
+    def __init__(self, output: CallOutput, request: Any, adapter: AnthropicAdapter) -> None:
+        super().__init__(output, request)
+        self.adapter = adapter
+        self.index = -1  # the latest block's index
+        self.open: str | None = None  # the kind of the block still open
+        self.had_text = False
+
+    def _block(self, opening: dict[str, Any], deltas: list[dict[str, Any]], keep_open: bool = False) -> list[bytes]:
+        events = self._close()
+        self.index += 1
         events.append(
-            sse(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": self.stop_reason(output), "stop_sequence": None},
-                    "usage": self._usage(output),
-                },
-                "message_delta",
-            )
+            sse({"type": "content_block_start", "index": self.index, "content_block": opening}, "content_block_start")
         )
+        events += [self._delta(d) for d in deltas]
+        if keep_open:
+            self.open = opening["type"]
+        else:
+            events.append(sse({"type": "content_block_stop", "index": self.index}, "content_block_stop"))
+        return events
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
+
+    def start(self) -> list[bytes]:
+        message = self.adapter._message(self.output, [], None)
+        message["usage"] = {**self.adapter._usage(self.output), "output_tokens": 0}
+        return [sse({"type": "message_start", "message": message}, "message_start"), sse({"type": "ping"}, "ping")]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        deltas = [{"type": "thinking_delta", "thinking": c} for c in chunks(text)]
+        deltas.append({"type": "signature_delta", "signature": SIGNATURE})
+        return self._block({"type": "thinking", "thinking": "", "signature": ""}, deltas)
+
+    def text(self, delta: str) -> list[bytes]:
+        events = [] if self.open == "text" else self._block({"type": "text", "text": ""}, [], keep_open=True)
+        self.had_text = True
+        if delta:
+            events.append(self._delta({"type": "text_delta", "text": delta}))
+        return events
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        opening = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": c} for c in chunks(arguments_json(call.arguments))]
+        return self._block(opening, deltas)
+
+    def finish(self, output: CallOutput) -> list[bytes]:
+        events = self.text("") if not self.had_text and not output.tool_calls else []  # an empty text block
+        events += self._close()
+        usage = self.adapter._usage(output)
+        stop = {"stop_reason": self.adapter.stop_reason(output), "stop_sequence": None}
+        events.append(sse({"type": "message_delta", "delta": stop, "usage": usage}, "message_delta"))
         events.append(sse({"type": "message_stop"}, "message_stop"))
         return events
+
+    def error(self, message: str) -> list[bytes]:
+        return [sse({"type": "error", "error": {"type": "api_error", "message": message}}, "error")]
 
 
 class CountTokensAdapter(AnthropicAdapter):

@@ -90,7 +90,49 @@ class ApiAdapter(ABC):
     def response(self, output: CallOutput, request: Any) -> dict[str, Any]: ...
 
     @abstractmethod
-    def stream(self, output: CallOutput, request: Any) -> list[bytes]: ...
+    def events(self, output: CallOutput, request: Any) -> EventWriter:
+        """An incremental SSE writer for one call (`output` holds the response id, model and prompt size)."""
+
+    def stream(self, output: CallOutput, request: Any) -> list[bytes]:
+        """The whole SSE answer of a finished call: the same events a live stream sends, cut in chunks."""
+        writer = self.events(output, request)
+        events = writer.start()
+        if output.reasoning:
+            events += writer.reasoning(output.reasoning)
+        for piece in chunks(output.text) if output.text else []:
+            events += writer.text(piece)
+        for call in output.tool_calls:
+            events += writer.tool_call(call)
+        return events + writer.finish(output)
+
+
+class EventWriter(ABC):
+    """Writes one call's SSE events as its parts become known: start, reasoning, text deltas, tool calls
+    (each whole, its arguments as deltas), then the finish (stop reason and usage). Block and item
+    indices, ids and the final summary are kept here, so a live stream and a replayed one agree."""
+
+    def __init__(self, output: CallOutput, request: Any) -> None:
+        self.output, self.request = output, request
+
+    @abstractmethod
+    def start(self) -> list[bytes]: ...
+
+    @abstractmethod
+    def reasoning(self, text: str) -> list[bytes]: ...
+
+    @abstractmethod
+    def text(self, delta: str) -> list[bytes]: ...
+
+    @abstractmethod
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        """`call.id` is set by the caller (minted once, so the final summary carries the same id)."""
+
+    @abstractmethod
+    def finish(self, output: CallOutput) -> list[bytes]: ...
+
+    @abstractmethod
+    def error(self, message: str) -> list[bytes]:
+        """An error event after the stream has started (the status line, 200, is already sent)."""
 
 
 def content_text(content: Any, param: str, allowed: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:

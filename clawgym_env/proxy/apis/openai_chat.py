@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, Permissive, chunks, content_text, sse
+from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, EventWriter, Permissive, chunks, content_text, sse
 from clawgym_env.proxy.conversation import (
     Conversation,
     Message,
@@ -21,7 +21,7 @@ from clawgym_env.proxy.conversation import (
     merge_consecutive_assistants,
     parse_arguments,
 )
-from clawgym_env.proxy.errors import ProxyError
+from clawgym_env.proxy.errors import ProxyError, error_body
 from clawgym_env.specs import ApiStyle
 
 
@@ -143,43 +143,59 @@ class ChatAdapter(ApiAdapter):
             "usage": self._usage(output),
         }
 
-    def stream(self, output: CallOutput, request: ChatCompletionRequest) -> list[bytes]:
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        base = {
+    def events(self, output: CallOutput, request: ChatCompletionRequest) -> ChatEvents:
+        return ChatEvents(output, request, self)
+
+
+class ChatEvents(EventWriter):
+    """chat.completion.chunk deltas: role, reasoning_content, content, tool_calls (argument deltas), finish."""
+
+    def __init__(self, output: CallOutput, request: ChatCompletionRequest, adapter: ChatAdapter) -> None:
+        super().__init__(output, request)
+        self.adapter = adapter
+        self.include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        self.base = {
             "id": output.response_id,
             "object": "chat.completion.chunk",
             "created": output.created,
             "model": output.model,
         }
+        self.tools = 0
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            body: dict[str, Any] = {
-                **base,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-            }
-            if include_usage:
-                body["usage"] = None
-            return sse(body)
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body: dict[str, Any] = {
+            **self.base,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
 
-        events = [chunk({"role": "assistant", "content": ""})]
-        if output.reasoning:
-            events += [chunk({"reasoning_content": c}) for c in chunks(output.reasoning)]
-        if output.text:
-            events += [chunk({"content": c}) for c in chunks(output.text)]
-        for index, call in enumerate(output.tool_calls):
-            opening = {
-                "index": index,
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": ""},
-            }
-            events.append(chunk({"tool_calls": [opening]}))
-            events += [
-                chunk({"tool_calls": [{"index": index, "function": {"arguments": c}}]})
-                for c in chunks(arguments_json(call.arguments))
-            ]
-        events.append(chunk({}, output.finish))
-        if include_usage:
-            events.append(sse({**base, "choices": [], "usage": self._usage(output)}))
+    def start(self) -> list[bytes]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return [self._chunk({"reasoning_content": c}) for c in chunks(text)]
+
+    def text(self, delta: str) -> list[bytes]:
+        return [self._chunk({"content": delta})] if delta else []
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        index, self.tools = self.tools, self.tools + 1
+        opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        events = [self._chunk({"tool_calls": [opening]})]
+        events += [
+            self._chunk({"tool_calls": [{"index": index, "function": {"arguments": c}}]})
+            for c in chunks(arguments_json(call.arguments))
+        ]
+        return events
+
+    def finish(self, output: CallOutput) -> list[bytes]:
+        events = [self._chunk({}, output.finish)]
+        if self.include_usage:
+            events.append(sse({**self.base, "choices": [], "usage": self.adapter._usage(output)}))
         events.append(b"data: [DONE]\n\n")
         return events
+
+    def error(self, message: str) -> list[bytes]:
+        return [sse(error_body(ApiStyle.OPENAI_CHAT, "engine_error", message))]

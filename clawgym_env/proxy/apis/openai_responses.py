@@ -19,7 +19,15 @@ from typing import Any, ClassVar
 import orjson
 from pydantic import Field
 
-from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, Permissive, chunks, content_text, mint_id
+from clawgym_env.proxy.apis.base import (
+    ApiAdapter,
+    CallOutput,
+    EventWriter,
+    Permissive,
+    chunks,
+    content_text,
+    mint_id,
+)
 from clawgym_env.proxy.conversation import (
     Conversation,
     Message,
@@ -196,18 +204,7 @@ class ResponsesAdapter(ApiAdapter):
                     "content": [{"type": "output_text", "text": output.text, "annotations": [], "logprobs": []}],
                 }
             )
-        for call in output.tool_calls:
-            item = {
-                "type": "function_call",
-                "id": mint_id("fc_"),
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": arguments_json(call.arguments),
-                "status": "completed",
-            }
-            if call.name in namespaced:
-                item["namespace"], item["name"] = namespaced[call.name]
-            items.append(item)
+        items += [_function_call_item(call, namespaced) for call in output.tool_calls]
         output.extra["items"] = items
         return items
 
@@ -253,84 +250,141 @@ class ResponsesAdapter(ApiAdapter):
     def response(self, output: CallOutput, request: ResponsesRequest) -> dict[str, Any]:
         return self._response(output, request, self._items(output, request), self._status(output))
 
-    def stream(self, output: CallOutput, request: ResponsesRequest) -> list[bytes]:
-        items = self._items(output, request)
-        events: list[bytes] = []
+    def events(self, output: CallOutput, request: ResponsesRequest) -> ResponsesEvents:
+        return ResponsesEvents(output, request, self)
 
-        def emit(kind: str, **fields: Any) -> None:
-            body = {"type": kind, "sequence_number": len(events), **fields}
-            events.append(f"event: {kind}\n".encode() + b"data: " + orjson.dumps(body) + b"\n\n")
 
-        opening = self._response(output, request, [], "in_progress")
-        emit("response.created", response=opening)
-        emit("response.in_progress", response=opening)
-        for index, item in enumerate(items):
-            item_id = item["id"]
-            if item["type"] == "message":
-                emit(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "status": "in_progress", "content": []},
+def _function_call_item(call: ToolCall, namespaced: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    item = {
+        "type": "function_call",
+        "id": mint_id("fc_"),
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": arguments_json(call.arguments),
+        "status": "completed",
+    }
+    if call.name in namespaced:
+        item["namespace"], item["name"] = namespaced[call.name]
+    return item
+
+
+class ResponsesEvents(EventWriter):
+    """response.created / in_progress, output items (reasoning, message with output_text deltas, function_call
+    with function_call_arguments deltas), then response.completed (or incomplete) with every item."""
+
+    def __init__(self, output: CallOutput, request: ResponsesRequest, adapter: ResponsesAdapter) -> None:
+        super().__init__(output, request)
+        self.adapter = adapter
+        self.items: list[dict[str, Any]] = []
+        self.message: dict[str, Any] | None = None  # the message item still open
+        self.sequence = 0
+        _, self.namespaced = flatten_tools(request.tools)
+
+    def _emit(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\n".encode() + b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def _add(self, item: dict[str, Any], **opening: Any) -> list[bytes]:
+        events = self._close_message()
+        self.items.append(item)
+        return events + [self._emit("response.output_item.added", output_index=len(self.items) - 1, item=opening)]
+
+    def start(self) -> list[bytes]:
+        opening = self.adapter._response(self.output, self.request, [], "in_progress")
+        return [
+            self._emit("response.created", response=opening),
+            self._emit("response.in_progress", response=opening),
+        ]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        content = [{"type": "reasoning_text", "text": text}]
+        item = {"type": "reasoning", "id": mint_id("rs_"), "summary": [], "content": content, "status": "completed"}
+        events = self._add(item, **{**item, "status": "in_progress", "content": []})
+        index, item_id = len(self.items) - 1, item["id"]
+        for piece in chunks(text):
+            events.append(
+                self._emit(
+                    "response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=piece
                 )
-                empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                emit("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=empty)
-                text = item["content"][0]["text"]
-                for piece in chunks(text) if text else []:
-                    emit(
-                        "response.output_text.delta",
-                        item_id=item_id,
-                        output_index=index,
-                        content_index=0,
-                        delta=piece,
-                        logprobs=[],
-                    )
-                emit(
-                    "response.output_text.done",
-                    item_id=item_id,
-                    output_index=index,
+            )
+        events.append(
+            self._emit("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text)
+        )
+        events.append(self._emit("response.output_item.done", output_index=index, item=item))
+        return events
+
+    def text(self, delta: str) -> list[bytes]:
+        events: list[bytes] = []
+        if self.message is None:
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            item = {"type": "message", "id": mint_id("msg_"), "status": "completed", "role": "assistant"}
+            item["content"] = [part]
+            events = self._add(item, **{**item, "status": "in_progress", "content": []})
+            self.message = item
+            events.append(
+                self._emit(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=len(self.items) - 1,
                     content_index=0,
-                    text=text,
+                    part=dict(part),
+                )
+            )
+        if delta:
+            self.message["content"][0]["text"] += delta
+            events.append(
+                self._emit(
+                    "response.output_text.delta",
+                    item_id=self.message["id"],
+                    output_index=len(self.items) - 1,
+                    content_index=0,
+                    delta=delta,
                     logprobs=[],
                 )
-                emit(
-                    "response.content_part.done",
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    part=item["content"][0],
-                )
-            elif item["type"] == "function_call":
-                emit(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "status": "in_progress", "arguments": ""},
-                )
-                for piece in chunks(item["arguments"]):
-                    emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=piece)
-                emit(
-                    "response.function_call_arguments.done",
-                    item_id=item_id,
-                    output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            else:  # reasoning
-                emit(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "status": "in_progress", "content": []},
-                )
-                text = item["content"][0]["text"]
-                for piece in chunks(text):
-                    emit(
-                        "response.reasoning_text.delta",
-                        item_id=item_id,
-                        output_index=index,
-                        content_index=0,
-                        delta=piece,
-                    )
-                emit("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text)
-            emit("response.output_item.done", output_index=index, item=item)
-        status = self._status(output)
-        emit(f"response.{status}", response=self._response(output, request, items, status))
+            )
         return events
+
+    def _close_message(self) -> list[bytes]:
+        item, self.message = self.message, None
+        if item is None:
+            return []
+        index, part = self.items.index(item), item["content"][0]
+        fields = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            self._emit("response.output_text.done", **fields, text=part["text"], logprobs=[]),
+            self._emit("response.content_part.done", **fields, part=part),
+            self._emit("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        item = _function_call_item(call, self.namespaced)
+        events = self._add(item, **{**item, "status": "in_progress", "arguments": ""})
+        index, item_id = len(self.items) - 1, item["id"]
+        for piece in chunks(item["arguments"]):
+            events.append(
+                self._emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=piece)
+            )
+        events.append(
+            self._emit(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        )
+        events.append(self._emit("response.output_item.done", output_index=index, item=item))
+        return events
+
+    def finish(self, output: CallOutput) -> list[bytes]:
+        has_message = any(item["type"] == "message" for item in self.items)
+        events = self.text("") if not has_message and not output.tool_calls else []
+        events += self._close_message()
+        output.extra["items"] = self.items
+        status = self.adapter._status(output)
+        response = self.adapter._response(output, self.request, self.items, status)
+        return events + [self._emit(f"response.{status}", response=response)]
+
+    def error(self, message: str) -> list[bytes]:
+        return [self._emit("error", code="server_error", message=message, param=None)]

@@ -1,0 +1,45 @@
+"""Token streaming from any engine: its own `stream()` if it has one, else one chunk from `generate()`.
+
+The proxy streams every engine through `stream_tokens`, so an engine without streaming keeps working (its
+harness sees the answer at the end, as before). `collect` turns a finished stream back into the
+`Generation` a non-streamed call would have got: same ids, same logprobs, same finish reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
+
+
+def can_abort(engine: Any) -> bool:
+    return callable(getattr(engine, "abort", None))
+
+
+async def stream_tokens(
+    engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+) -> AsyncIterator[TokenChunk]:
+    """Yield `TokenChunk`s as the engine decodes; the last one has `finish_reason` set."""
+    stream = getattr(engine, "stream", None)
+    if callable(stream):
+        async for chunk in stream(prompt_ids, sampling, request_id=request_id):
+            yield chunk
+        return
+    if can_abort(engine) and request_id is not None:
+        generation = await engine.generate(prompt_ids, sampling, request_id=request_id)
+    else:
+        generation = await engine.generate(prompt_ids, sampling)
+    yield TokenChunk(
+        list(generation.token_ids), list(generation.logprobs), generation.finish_reason, generation.policy_version
+    )
+
+
+def collect(chunks: list[TokenChunk], finish_reason: Any = None) -> Generation:
+    """The Generation made of `chunks` (finish reason from the last chunk unless given: "abort" for a cut one)."""
+    ids = [t for c in chunks for t in c.token_ids]
+    logprobs = [lp for c in chunks for lp in c.logprobs]
+    last = chunks[-1] if chunks else None
+    reason = finish_reason or (last.finish_reason if last is not None else None) or "abort"
+    version = last.policy_version if last is not None else 0
+    return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version)

@@ -1,0 +1,258 @@
+"""Live streaming: tokens from the engine become SSE events while the generation runs.
+
+Two parts, both free of HTTP:
+
+- `TokenFeed` reads an engine's token stream for one call under the proxy's deadline and the client's
+  disconnect; on either it stops the engine and hands back what was generated (to be recorded).
+- `StreamSplitter` decides which of the generated text may go out before the generation ends. The final
+  answer is always `renderer.parse` of all the ids (as for a non-streamed call); the splitter only sends
+  what that parse cannot take back: reasoning once `</think>` closes it, plain text up to where a tool call
+  could begin (`<tool_call>`, a ```` ``` ```` fence, a `{`/`[` starting a line, or a prefix of one of these;
+  trailing whitespace, since the answer is stripped), and each `<tool_call>…</tool_call>` block as soon as it
+  closes and parses. Fenced and bare-JSON calls (Qwen2.5-Coder) are sent when the generation ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+from clawgym_env.engines.streaming import can_abort, collect, stream_tokens
+from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
+from clawgym_env.proxy.conversation import ToolCall
+from clawgym_env.proxy.renderers.base import ParsedOutput
+from clawgym_env.proxy.renderers.toolcall_parsing import _calls_from_json, split_reasoning
+
+MARKERS = ("<tool_call>", "```")
+_CLOSED_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+MAX_PENDING_IDS = 8  # ids held while they decode to an incomplete UTF-8 character
+
+Piece = tuple[Literal["reasoning", "text", "tool"], Any]
+
+
+class StreamStopped(Exception):
+    """The feed ended early: the client left (`disconnected`), the deadline passed, or the engine failed."""
+
+    def __init__(self, why: Literal["disconnected", "timeout", "engine"], generation: Generation | None, cause=None):
+        super().__init__(why)
+        self.why, self.generation, self.cause = why, generation, cause
+
+
+async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            return
+
+
+class TokenFeed:
+    """One call's token stream, read chunk by chunk under a deadline while watching for a disconnect."""
+
+    def __init__(
+        self,
+        engine: Any,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str,
+        receive: Callable[[], Awaitable[dict[str, Any]]],
+        deadline: float,
+    ) -> None:
+        self.engine, self.request_id, self.deadline = engine, request_id, deadline
+        self.chunks: list[TokenChunk] = []
+        self.finished = False
+        self._iter: AsyncIterator[TokenChunk] = stream_tokens(engine, prompt_ids, sampling, request_id)
+        self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+
+    def generation(self) -> Generation:
+        return collect(self.chunks)
+
+    async def next(self) -> TokenChunk | None:
+        """The next chunk, or None once the stream is over; raises StreamStopped with the partial generation."""
+        if self.finished:
+            return None
+        step = asyncio.ensure_future(anext(self._iter))
+        loop = asyncio.get_running_loop()
+        try:
+            done, _ = await asyncio.wait(
+                (step, self._watcher),
+                timeout=max(0.0, self.deadline - loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except BaseException:
+            step.cancel()
+            raise
+        if step in done and not self._watcher.done():  # a gone client wins even if a chunk came with it
+            try:
+                chunk = step.result()
+            except StopAsyncIteration:
+                self.finished = True
+                return None
+            except Exception as exc:
+                partial = getattr(exc, "generation", None)
+                self.finished = True
+                raise StreamStopped("engine", partial if isinstance(partial, Generation) else None, exc) from exc
+            self.chunks.append(chunk)
+            self.finished = chunk.finish_reason is not None
+            return chunk
+        why: Literal["disconnected", "timeout"] = "disconnected" if self._watcher.done() else "timeout"
+        raise StreamStopped(why, await self._stop(step))
+
+    async def _stop(self, step: asyncio.Future[TokenChunk]) -> Generation:
+        """Stop the engine; an engine with abort() finishes the stream with what it generated (finish "abort")."""
+        self.finished = True
+        last = None
+        if step.done() and not step.cancelled() and step.exception() is None:
+            last = step.result()  # decoded, not sent: it is part of what was generated
+            self.chunks.append(last)
+        if can_abort(self.engine) and self.engine.abort(self.request_id):
+            with contextlib.suppress(Exception):
+                if last is None:
+                    last = await asyncio.wait_for(asyncio.shield(step), timeout=5)
+                    self.chunks.append(last)
+                while last.finish_reason is None:
+                    last = await asyncio.wait_for(anext(self._iter), timeout=5)
+                    self.chunks.append(last)
+        step.cancel()
+        return collect(self.chunks, "abort")
+
+    async def aclose(self) -> None:
+        self._watcher.cancel()
+        with contextlib.suppress(Exception):
+            await self._iter.aclose()  # type: ignore[attr-defined]
+
+
+class StreamSplitter:
+    """Incremental decoding of one generation into the pieces that may be sent before it ends."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stop_ids: set[int], mint_id: Callable[[], str]) -> None:
+        self._decode, self._stop_ids, self._mint_id = decode, stop_ids, mint_id
+        self.text = ""  # decoded so far (stop tokens left out, as parse does)
+        self._pending: list[int] = []
+        self._mode: Literal["start", "text", "held"] = "start"
+        self._head = -1  # where the first non-space character is (start: is it <think>?)
+        self._body_start = 0  # where the answer begins (after a closed reasoning block)
+        self._lead = -1  # the answer's first non-space character
+        self._sent_end = 0  # text up to here went out
+        self._scan = 0  # searched up to here (for </think>, a hazard, or </tool_call>, by mode)
+        self._tags_from = -1  # in "held": where a run of <tool_call> blocks starts, or -1 (hold all)
+        self.reasoning: str | None = None
+        self.sent_text = ""
+        self.calls: list[ToolCall] = []  # sent, with their ids
+
+    def feed(self, ids: list[int]) -> list[Piece]:
+        self._pending += [t for t in ids if t not in self._stop_ids]
+        if not self._pending:
+            return []
+        piece = self._decode(self._pending)
+        if piece.endswith("\ufffd") and len(self._pending) < MAX_PENDING_IDS:
+            return []  # a multi-byte character split across tokens: wait for its other bytes
+        self.text += piece
+        self._pending = []
+        return self._advance()
+
+    def _advance(self) -> list[Piece]:
+        """Look at the newly decoded text only (indices into `self.text`), so a long generation stays linear."""
+        out: list[Piece] = []
+        text = self.text
+        if self._mode == "start":
+            if self._head < 0:
+                stripped = len(text.lstrip())
+                if not stripped:
+                    return out
+                self._head = len(text) - stripped
+            if text.startswith("<think>", self._head):
+                close = text.find("</think>", max(self._head, self._scan))
+                self._scan = max(self._head, len(text) - len("</think>"))
+                if close < 0:
+                    return out
+                self.reasoning = split_reasoning(text)[0]
+                out.append(("reasoning", self.reasoning))
+                self._body_start = close + len("</think>")
+            elif len(text) - self._head < len("<think>") and "<think>".startswith(text[self._head :]):
+                return out  # may still open a reasoning block
+            self._mode, self._scan = "text", self._body_start
+        if self._mode == "text":
+            if self._lead < 0:
+                stripped = len(text) - self._body_start - len(text[self._body_start :].lstrip())
+                if self._body_start + stripped == len(text):
+                    return out  # only whitespace so far
+                self._lead = self._sent_end = self._scan = self._body_start + stripped
+            hazard = _first_hazard(text, self._lead, self._scan)
+            self._scan = max(self._lead, len(text) - 16)  # nothing before this can start a hazard any more
+            end = hazard if hazard is not None else len(text) - _marker_prefix_len(text)
+            delta = text[self._sent_end : end].rstrip()
+            if delta:
+                out.append(("text", delta))
+                self.sent_text += delta
+                self._sent_end += len(delta)
+            if hazard is None:
+                return out
+            self._mode = "held"
+            self._tags_from = self._scan = hazard if text.startswith("<tool_call>", hazard) else -1
+        if self._tags_from >= 0 and text.find("</tool_call>", self._scan) >= 0:
+            self._scan = len(text)
+            for match in list(_CLOSED_TAG.finditer(text, self._tags_from))[len(self.calls) :]:
+                try:
+                    found = _calls_from_json(json.loads(match.group(1)), None, strict=False)
+                except json.JSONDecodeError:
+                    found = None
+                if not found or len(found) != 1:
+                    self._tags_from = -1  # unusual: leave the rest to the final parse
+                    break
+                call = found[0]
+                call.id = self._mint_id()
+                self.calls.append(call)
+                out.append(("tool", call))
+        elif self._tags_from >= 0:
+            self._scan = max(self._tags_from, len(text) - len("</tool_call>"))
+        return out
+
+    def finish(self, parsed: ParsedOutput) -> tuple[list[Piece], list[ToolCall], bool]:
+        """What is left to send once `parsed` (the whole generation's parse) is known, every tool call of the
+        answer (ids of sent ones kept), and whether what was sent agrees with `parsed`."""
+        rest: list[Piece] = []
+        agrees = True
+        if parsed.reasoning != self.reasoning:
+            if self.reasoning is None and not self.sent_text and not self.calls:
+                rest.append(("reasoning", parsed.reasoning))
+            else:
+                agrees = False
+        if parsed.text.startswith(self.sent_text):
+            if len(parsed.text) > len(self.sent_text):
+                rest.append(("text", parsed.text[len(self.sent_text) :]))
+        else:
+            agrees = False
+        sent = [(c.name, c.arguments) for c in self.calls]
+        if [(c.name, c.arguments) for c in parsed.tool_calls[: len(sent)]] != sent:
+            agrees = False
+            return rest, list(self.calls), agrees
+        calls = list(self.calls)
+        for call in parsed.tool_calls[len(sent) :]:
+            call.id = self._mint_id()
+            calls.append(call)
+            rest.append(("tool", call))
+        return rest, calls, agrees
+
+
+def _first_hazard(body: str, lead: int, since: int) -> int | None:
+    """Where a tool call could begin (from `since` on): a marker, or `{` / `[` starting a line (bare JSON)."""
+    found = [i for i in (body.find(m, since) for m in MARKERS) if i >= 0]
+    for i in range(since, len(body)):
+        if body[i] in "{[" and (i == lead or body[i - 1] == "\n"):
+            found.append(i)
+            break
+    return min(found) if found else None
+
+
+def _marker_prefix_len(body: str) -> int:
+    """Length of the longest end of `body` that is a proper prefix of a marker (it may still become one)."""
+    best = 0
+    for marker in MARKERS:
+        for k in range(min(len(marker) - 1, len(body)), best, -1):
+            if body.endswith(marker[:k]):
+                best = k
+                break
+    return best
