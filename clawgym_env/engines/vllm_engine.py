@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clawgym_env.engines.blocking import run_on_engine_loop
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 VLLM_MISSING = (
@@ -345,18 +346,9 @@ class VLLMEngine:
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Synchronous form for trainer threads; inside the event loop use `await aupdate_weights(...)`."""
-        if self._loop is None:
-            asyncio.run(self.aupdate_weights(state_dict, version))
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            raise RuntimeError(
-                "update_weights() would block the engine's event loop; use `await engine.aupdate_weights(...)`"
-            )
-        asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
+        run_on_engine_loop(
+            self._loop, lambda: self.aupdate_weights(state_dict, version), "await engine.aupdate_weights(...)"
+        )
 
     def close(self) -> None:
         self.llm.shutdown()

@@ -23,6 +23,7 @@ in-process engine uses (prefix caching, processed logprobs, ClawGym's worker ext
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from clawgym_env.engines.blocking import run_on_engine_loop
 from clawgym_env.engines.remote_engine import RemoteEngine
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
@@ -329,7 +331,11 @@ class VLLMServerPool:
             raise ServerUnavailable(f"all {len(self.slots)} vLLM servers are down")
         return min(live, key=lambda s: (s.in_flight, s.served))
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    @contextlib.asynccontextmanager
+    async def _one_call(self, prompt_ids: list[int]) -> AsyncIterator[tuple[ServerSlot, int]]:
+        """Route one call and hold its server: (the server, the policy version it serves). The server must
+        serve at least the version the trainer last pushed; a failure inside is counted and, when it is the
+        server's fault (unreachable, or its version changed during the call), the server is lost."""
         self._loop = asyncio.get_running_loop()
         await self._resume.wait()  # a weight update is in progress
         self.stats.calls += 1
@@ -348,10 +354,7 @@ class VLLMServerPool:
                 raise ServerUnavailable(
                     f"{slot.url} serves policy version {before}, older than the requested {required}"
                 )
-            gen = await slot.client.generate(prompt_ids, sampling)
-            after = await self.server_version(slot.url)
-            if after != before:  # restarted (or reloaded) while generating: not one policy's output
-                raise ServerUnavailable(f"{slot.url} changed policy version {before} -> {after} during the call")
+            yield slot, before
         except (httpx.HTTPError, ServerUnavailable, OSError) as exc:
             self.stats.failed_calls += 1
             if not isinstance(exc, ServerUnavailable) or "during the call" in str(exc):
@@ -365,61 +368,38 @@ class VLLMServerPool:
             if self._in_flight == 0:
                 self._idle.set()
         slot.served += 1
-        slot.recent.append(tuple(prompt_ids) + tuple(gen.token_ids))
-        return gen.model_copy(update={"policy_version": before})
 
-    def report(self) -> dict[str, Any]:
-        """The pool's counts and each server's share of the calls (for a run's summary)."""
-        servers = [{"url": s.url, "alive": s.alive, "served": s.served} for s in self.slots]
-        return {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
+    async def _check_unchanged(self, slot: ServerSlot, before: int) -> None:
+        """A server restarted (or reloaded) while generating did not give one policy's output."""
+        after = await self.server_version(slot.url)
+        if after != before:
+            raise ServerUnavailable(f"{slot.url} changed policy version {before} -> {after} during the call")
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        async with self._one_call(prompt_ids) as (slot, version):
+            gen = await slot.client.generate(prompt_ids, sampling)
+            await self._check_unchanged(slot, version)
+        slot.recent.append(tuple(prompt_ids) + tuple(gen.token_ids))
+        return gen.model_copy(update={"policy_version": version})
 
     async def stream(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> AsyncIterator[TokenChunk]:
         """`generate()` with the server's `stream: true`: same routing and version checks; the check after
         the call runs before the last chunk goes out, so a version change mid-stream fails the stream."""
-        self._loop = asyncio.get_running_loop()
-        await self._resume.wait()
-        self.stats.calls += 1
-        try:
-            slot = await self._route(prompt_ids)
-        except ServerUnavailable:
-            self.stats.failed_calls += 1
-            raise
-        required = self.policy_version
-        slot.in_flight += 1
-        self._in_flight += 1
-        self._idle.clear()
         ids: list[int] = []
-        try:
-            before = await self._ensure_version(slot)
-            if before < required:
-                raise ServerUnavailable(
-                    f"{slot.url} serves policy version {before}, older than the requested {required}"
-                )
+        async with self._one_call(prompt_ids) as (slot, version):
             async for chunk in slot.client.stream(prompt_ids, sampling):
                 ids += chunk.token_ids
                 if chunk.finish_reason is not None:
-                    after = await self.server_version(slot.url)
-                    if after != before:
-                        raise ServerUnavailable(
-                            f"{slot.url} changed policy version {before} -> {after} during the call"
-                        )
-                yield TokenChunk(chunk.token_ids, chunk.logprobs, chunk.finish_reason, before)
-        except (httpx.HTTPError, ServerUnavailable, OSError) as exc:
-            self.stats.failed_calls += 1
-            if not isinstance(exc, ServerUnavailable) or "during the call" in str(exc):
-                self._lose(slot)
-            if isinstance(exc, ServerUnavailable):
-                raise
-            raise ServerUnavailable(f"{slot.url} failed: {exc!r}") from exc
-        finally:
-            slot.in_flight -= 1
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-        slot.served += 1
+                    await self._check_unchanged(slot, version)
+                yield TokenChunk(chunk.token_ids, chunk.logprobs, chunk.finish_reason, version)
         slot.recent.append(tuple(prompt_ids) + tuple(ids))
+
+    def report(self) -> dict[str, Any]:
+        """The pool's counts and each server's share of the calls (for a run's summary)."""
+        servers = [{"url": s.url, "alive": s.alive, "served": s.served} for s in self.slots]
+        return {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
 
     # ---------------------------------------------------------------------------------------- weights
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
@@ -448,18 +428,9 @@ class VLLMServerPool:
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Blocking form for a trainer thread; inside the pool's event loop use `await aupdate_weights(...)`."""
-        if self._loop is None or self._loop.is_closed():
-            asyncio.run(self.aupdate_weights(state_dict, version))
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            raise RuntimeError(
-                "update_weights() would block the pool's event loop; use `await pool.aupdate_weights(...)`"
-            )
-        asyncio.run_coroutine_threadsafe(self.aupdate_weights(state_dict, version), self._loop).result()
+        run_on_engine_loop(
+            self._loop, lambda: self.aupdate_weights(state_dict, version), "await pool.aupdate_weights(...)"
+        )
 
     async def aclose(self) -> None:
         for slot in self.slots:
