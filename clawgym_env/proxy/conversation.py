@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import orjson
 
+from clawgym_env.proxy.jsonio import dumps_str
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -86,7 +88,7 @@ def canonical_arguments(arguments: dict[str, Any] | str) -> str:
         if isinstance(parsed, str):
             return parsed.strip()
         arguments = parsed
-    return orjson.dumps(_integral_floats_as_ints(arguments), option=orjson.OPT_SORT_KEYS).decode()
+    return dumps_str(_integral_floats_as_ints(arguments), sort_keys=True)
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -104,7 +106,7 @@ def arguments_json(arguments: dict[str, Any] | str) -> str:
     """Arguments as the JSON string an OpenAI-style API returns."""
     if isinstance(arguments, str):
         return arguments
-    return orjson.dumps(arguments).decode()
+    return dumps_str(arguments)
 
 
 def merge_consecutive_assistants(messages: list[Message]) -> list[Message]:

@@ -40,6 +40,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import ClientDisconnect
 
 from clawgym_env.interfaces import Generation, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute, SamplingParams
+from clawgym_env.proxy import jsonio
 from clawgym_env.proxy.apis import (
     AnthropicAdapter,
     ApiAdapter,
@@ -107,7 +108,7 @@ async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]])
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(content=orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return Response(content=jsonio.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 class ServingProxy:

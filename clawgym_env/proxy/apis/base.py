@@ -7,9 +7,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clawgym_env.proxy import jsonio
 from clawgym_env.proxy.conversation import Conversation, ToolCall
 from clawgym_env.proxy.errors import ProxyError, validation_message
 from clawgym_env.specs import ApiStyle
@@ -27,7 +27,7 @@ def chunks(text: str, size: int = STREAM_CHUNK_CHARS) -> list[str]:
 
 def sse(data: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+    return head + b"data: " + jsonio.dumps(data) + b"\n\n"
 
 
 class Permissive(BaseModel):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import orjson
 from pydantic import Field
 
+from clawgym_env.proxy import jsonio
 from clawgym_env.proxy.apis.base import (
     ApiAdapter,
     CallOutput,
@@ -283,7 +283,7 @@ class ResponsesEvents(EventWriter):
     def _emit(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\n".encode() + b"data: " + orjson.dumps(body) + b"\n\n"
+        return f"event: {kind}\n".encode() + b"data: " + jsonio.dumps(body) + b"\n\n"
 
     def _add(self, item: dict[str, Any], **opening: Any) -> list[bytes]:
         events = self._close_message()
