@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Generation, Policy, RolloutLimits, SamplingParams
@@ -142,7 +144,9 @@ async def run_proxy(
                     if status != 200:
                         errors += 1
                         break
-                    message = _streamed_message(data) if stream else json.loads(data)["choices"][0]["message"]
+                    message = (
+                        message_from_events(_sse_data(data)) if stream else json.loads(data)["choices"][0]["message"]
+                    )
                     messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
                     for call in message.get("tool_calls") or ():
                         messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt c.txt"})
@@ -159,23 +163,30 @@ async def run_proxy(
     return Result(latencies, time.perf_counter() - start, errors), prompts
 
 
-def _streamed_message(data: bytes) -> dict[str, Any]:
+def message_from_events(events: list[bytes]) -> dict[str, Any]:
     """Accumulate chat-completion chunks into the assistant message, as an SDK would."""
     text, calls = "", {}
-    for line in data.split(b"\n"):
-        if line.startswith(b"data: {"):
-            for choice in json.loads(line[6:]).get("choices", ()):
-                text += choice["delta"].get("content") or ""
-                for tc in choice["delta"].get("tool_calls") or ():
-                    slot = calls.setdefault(
-                        tc["index"], {"id": tc.get("id"), "type": "function", "function": {"name": "", "arguments": ""}}
-                    )
-                    slot["function"]["name"] += tc["function"].get("name") or ""
-                    slot["function"]["arguments"] += tc["function"].get("arguments") or ""
+    for data in events:
+        if data == b"[DONE]":
+            continue
+        for choice in orjson.loads(data).get("choices", ()):
+            delta = choice["delta"]
+            text += delta.get("content") or ""
+            for tc in delta.get("tool_calls") or ():
+                slot = calls.setdefault(
+                    tc["index"], {"id": tc.get("id"), "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                slot["function"]["name"] += tc["function"].get("name") or ""
+                slot["function"]["arguments"] += tc["function"].get("arguments") or ""
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message
+
+
+def _sse_data(body: bytes) -> list[bytes]:
+    """The `data:` payloads of an SSE body."""
+    return [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
 
 
 async def run_direct(policy: Policy, n: int, prompts: list[list[int]]) -> Result:

@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 # The workload of benchmarks.proxy_bench (a tool-calling agent chat), so the two measure the same calls.
-from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
+from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS, message_from_events
 
 
 def pct(values: list[float], q: float) -> float:
@@ -274,27 +274,6 @@ class Conn:
                 for line in event.split(b"\n"):
                     if line.startswith(b"data: "):
                         events.append(line[6:])
-
-
-def message_from_events(events: list[bytes]) -> dict[str, Any]:
-    """Accumulate chat-completion chunks into the assistant message, as an SDK would."""
-    text, calls = "", {}
-    for data in events:
-        if data == b"[DONE]":
-            continue
-        for choice in orjson.loads(data).get("choices", ()):
-            delta = choice["delta"]
-            text += delta.get("content") or ""
-            for tc in delta.get("tool_calls") or ():
-                slot = calls.setdefault(
-                    tc["index"], {"id": tc.get("id"), "type": "function", "function": {"name": "", "arguments": ""}}
-                )
-                slot["function"]["name"] += tc["function"].get("name") or ""
-                slot["function"]["arguments"] += tc["function"].get("arguments") or ""
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return message
 
 
 async def client(args: argparse.Namespace) -> None:
