@@ -159,7 +159,9 @@ class Trainer:
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
         self.step += 1
+        synced = time.perf_counter()
         self.sync_weights()
+        metrics["weight_sync_s"] = time.perf_counter() - synced  # part of update_s
         metrics.update(self._reduce(sums, loss_total))
         metrics.update(
             {

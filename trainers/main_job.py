@@ -151,7 +151,23 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
     report["time_s"]["evaluation_and_setup"] = max(
         0.0, wall_s - report["time_s"]["rollouts"] - report["time_s"]["updates"]
     )
+    step_s = report["time_s"]["rollouts"] + report["time_s"]["updates"]
+    sync_s = total("weight_sync_s")  # inside the updates' time
+    report["weight_sync"] = {"seconds": sync_s, "share_of_step_time": sync_s / step_s if step_s else None}
+    report["peak_rss_mb"] = peak_rss_mb()
     return report
+
+
+def peak_rss_mb() -> dict[str, float]:
+    """Peak resident memory of this process and of its largest finished child (an engine process such as
+    vLLM's engine core, or a harness CLI), from the kernel's own accounting."""
+    import resource
+
+    kib = 1024.0  # Linux reports ru_maxrss in KiB
+    return {
+        "main_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
+        "largest_child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
+    }
 
 
 def render_report(report: dict[str, Any]) -> Table:
@@ -189,5 +205,12 @@ def render_report(report: dict[str, Any]) -> Table:
     )
     for phase, seconds in report["time_s"].items():
         table.add_row(f"time: {phase.replace('_', ' ')}", f"{seconds:.0f} s")
+    sync = report["weight_sync"]
+    share = "-" if sync["share_of_step_time"] is None else f"{100 * sync['share_of_step_time']:.1f} %"
+    table.add_row("weight sync to the engine (share of step time)", f"{sync['seconds']:.1f} s ({share})")
+    rss = report["peak_rss_mb"]
+    table.add_row(
+        "peak RSS: main process / largest child", f"{rss['main_process']:.0f} / {rss['largest_child']:.0f} MB"
+    )
     table.add_row("reward curve", report["plot"])
     return table

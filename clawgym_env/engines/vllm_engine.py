@@ -103,14 +103,17 @@ class ClawGymWorkerExtension:
     Face names and maps them onto vLLM's fused layers (qkv, gate-up) itself.
     """
 
-    def _clawgym_load(self, tensors: dict[str, Any], version: int) -> int:
+    def _clawgym_load(self, tensors: Iterable[tuple[str, Any]], version: int) -> int:
         # reload_weights, not model.load_weights: after loading, vLLM repacks some weights into kernel layouts
         # (on CPU the linear layers' weights are left empty); its in-place reload restores the checkpoint
         # layout, loads, and processes the layers again.
-        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        counted = _Counted(tensors)
+        self.model_runner.reload_weights(weights_iterator=iter(counted), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        for _ in counted:  # a broadcast must be received to its end, whatever the loader took
+            pass
         self._clawgym_retie_head()
         self.clawgym_policy_version = int(version)
-        return len(tensors)
+        return counted.n
 
     def _clawgym_retie_head(self) -> None:
         """A tied head (lm_head = embed_tokens) must follow the new embedding.
@@ -135,10 +138,48 @@ class ClawGymWorkerExtension:
     def clawgym_load_weights_from_file(self, path: str, version: str) -> int:
         from safetensors.torch import load_file
 
-        return self._clawgym_load(load_file(path), int(version))
+        return self._clawgym_load(load_file(path).items(), int(version))
+
+    # Broadcast weights (weight_broadcast.py): join the trainer's group once, then receive each update.
+    def clawgym_join_weight_group(self, host: str, port: str, rank_offset: str, world_size: str, backend: str) -> int:
+        from clawgym_env.engines.weight_broadcast import WeightGroup
+
+        self.clawgym_leave_weight_group()
+        rank = int(rank_offset) + int(getattr(self, "rank", 0))  # this worker's rank within its server (TP)
+        self._clawgym_group = WeightGroup(host, int(port), rank, int(world_size), backend)  # type: ignore[arg-type]
+        return rank
+
+    def clawgym_receive_weights(self, manifest: str, version: str) -> int:
+        from clawgym_env.engines.weight_broadcast import read_manifest
+
+        group = getattr(self, "_clawgym_group", None)
+        if group is None:
+            raise RuntimeError("clawgym_receive_weights before clawgym_join_weight_group")
+        return self._clawgym_load(group.receive(read_manifest(manifest)), int(version))
+
+    def clawgym_leave_weight_group(self) -> None:
+        group = getattr(self, "_clawgym_group", None)
+        if group is not None:
+            group.close()
+        self._clawgym_group = None
 
     def clawgym_get_policy_version(self) -> int:
         return int(getattr(self, "clawgym_policy_version", 0))
+
+
+class _Counted:
+    """An iterator over (name, tensor) pairs that counts what it gave out."""
+
+    def __init__(self, pairs: Iterable[tuple[str, Any]]) -> None:
+        self._it, self.n = iter(pairs), 0
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> tuple[str, Any]:
+        pair = next(self._it)
+        self.n += 1
+        return pair
 
 
 def dedup_tied(state_dict: Mapping[str, Any], dtype: Any = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -33,13 +34,16 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from clawgym_env.engines.blocking import run_on_engine_loop
 from clawgym_env.engines.remote_engine import RemoteEngine
+from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
+
+log = logging.getLogger(__name__)
 
 
 class ServerUnavailable(RuntimeError):
@@ -181,7 +185,9 @@ class VLLMServer:
             self.kill()
 
 
-POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version")  # VLLMServerPool's own options
+# VLLMServerPool's own options
+POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version")
+POOL_OPTIONS += ("weight_transfer", "broadcast_backend", "broadcast_host", "broadcast_timeout_s")
 
 
 @dataclass
@@ -202,6 +208,7 @@ class PoolStats:
     servers_revived: int = 0
     weight_updates: int = 0
     weight_update_s: float = 0.0
+    broadcast_failures: int = 0  # broadcast updates that fell back to the disk checkpoint
 
 
 class VLLMServerPool:
@@ -216,7 +223,13 @@ class VLLMServerPool:
         timeout_s: float = 600.0,
         policy_version: int = 0,
         servers: Sequence[VLLMServer] = (),
+        weight_transfer: Literal["disk", "broadcast"] = "disk",
+        broadcast_backend: Backend | None = None,
+        broadcast_host: str = "127.0.0.1",
+        broadcast_timeout_s: float = 120.0,
     ) -> None:
+        if weight_transfer not in ("disk", "broadcast"):
+            raise ValueError(f"weight_transfer must be 'disk' or 'broadcast', got {weight_transfer!r}")
         if not urls:
             raise ValueError("VLLMServerPool needs at least one server URL")
         self.slots = [
@@ -236,6 +249,13 @@ class VLLMServerPool:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._revive_lock = asyncio.Lock()
+        self.weight_transfer = weight_transfer
+        self.broadcast_backend: Backend = broadcast_backend or default_backend()
+        self.broadcast_host = broadcast_host  # the address the servers' workers reach this process at
+        self.broadcast_timeout_s = broadcast_timeout_s  # joining, and each tensor's broadcast
+        self._group: WeightGroup | None = None
+        self._group_urls: list[str] = []  # the servers in the group, in rank order
+        self._checkpoint_written: asyncio.Task[None] | None = None
 
     @classmethod
     def launch(cls, model: str, n: int = 1, *, ready_timeout_s: float = 900.0, **server_options: Any) -> VLLMServerPool:
@@ -282,6 +302,8 @@ class VLLMServerPool:
         """The server's version, after loading the newest checkpoint if it is behind the requested one."""
         version = await self.server_version(slot.url)
         if version < self.policy_version:
+            if self._checkpoint_written is not None:  # a broadcast update's file, written after it
+                await self._checkpoint_written
             if self.latest_checkpoint is None:
                 raise ServerUnavailable(
                     f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
@@ -403,28 +425,117 @@ class VLLMServerPool:
 
     # ---------------------------------------------------------------------------------------- weights
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Write one checkpoint, load it into every live server, reset their prefix caches, bump the version."""
-        from clawgym_env.engines.vllm_engine import save_weights
+        """Send the weights to every live server, reset their prefix caches, bump the version.
+
+        `weight_transfer="disk"`: one checkpoint file that every server loads. `"broadcast"`: a process-group
+        broadcast from this process to every server's workers (NCCL on GPUs, gloo on CPU); the checkpoint
+        file is still written, after the servers resume, for servers that come back later. A failed
+        broadcast falls back to the file (counted in `stats.broadcast_failures`)."""
+        from clawgym_env.engines.vllm_engine import dedup_tied
 
         self._resume.clear()
         try:
             await self._idle.wait()
             started = time.perf_counter()
+            if self._checkpoint_written is not None:
+                await self._checkpoint_written
             path = self.checkpoint_dir / f"policy-v{version}.safetensors"
-            await asyncio.to_thread(save_weights, state_dict, path)
+            old, live = self.latest_checkpoint, [s for s in self.slots if s.alive]
+            tensors = await asyncio.to_thread(dedup_tied, state_dict)
             self.policy_version = version
-            old, self.latest_checkpoint = self.latest_checkpoint, path
-            live = [s for s in self.slots if s.alive]
-            results = await asyncio.gather(*(self._load(s, path, version) for s in live), return_exceptions=True)
-            for slot, result in zip(live, results):
-                if isinstance(result, BaseException):
-                    self._lose(slot)
-            if old is not None and old != path:
-                old.unlink(missing_ok=True)
+            done: list[ServerSlot] = []
+            if self.weight_transfer == "broadcast" and live:
+                live = await self._reachable(live)  # a dead member would stall the broadcast until its timeout
+                try:
+                    await self._broadcast(tensors, version, live)
+                    done = live
+                except Exception:
+                    log.warning("weight broadcast failed; loading the checkpoint file instead", exc_info=True)
+                    self.stats.broadcast_failures += 1
+                    await self._leave_group()
+            if done:  # the file is for servers that come back later: off the step's critical path
+                self._checkpoint_written = asyncio.create_task(self._write_checkpoint(tensors, path, old))
+            else:
+                await self._write_checkpoint(tensors, path, old)
+                results = await asyncio.gather(*(self._load(s, path, version) for s in live), return_exceptions=True)
+                for slot, result in zip(live, results):
+                    if isinstance(result, BaseException):
+                        self._lose(slot)
             self.stats.weight_updates += 1
             self.stats.weight_update_s += time.perf_counter() - started
         finally:
             self._resume.set()
+
+    async def _write_checkpoint(self, tensors: Mapping[str, Any], path: Path, old: Path | None) -> None:
+        from clawgym_env.engines.vllm_engine import save_weights
+
+        await asyncio.to_thread(save_weights, tensors, path)
+        self.latest_checkpoint = path
+        if old is not None and old != path:
+            old.unlink(missing_ok=True)
+
+    async def _reachable(self, slots: list[ServerSlot]) -> list[ServerSlot]:
+        """The servers that answer an RPC now; the others are lost."""
+        answers = await asyncio.gather(*(self.server_version(s.url) for s in slots), return_exceptions=True)
+        for slot, answer in zip(slots, answers):
+            if isinstance(answer, BaseException):
+                self._lose(slot)
+        return [s for s in slots if s.alive]
+
+    async def _join_group(self, live: list[ServerSlot]) -> None:
+        """A broadcast group of this process (rank 0) and every worker of the live servers."""
+        await self._leave_group()
+        workers = [len(await self._rpc(s.url, "clawgym_get_policy_version")) for s in live]  # one result per worker
+        world, port = 1 + sum(workers), free_port()
+        offsets = [1 + sum(workers[:i]) for i in range(len(live))]
+        joins = [
+            asyncio.create_task(
+                self._rpc(
+                    s.url,
+                    "clawgym_join_weight_group",
+                    self.broadcast_host,
+                    str(port),
+                    str(o),
+                    str(world),
+                    self.broadcast_backend,
+                )
+            )
+            for s, o in zip(live, offsets)
+        ]
+        try:
+            self._group = await asyncio.to_thread(
+                WeightGroup, self.broadcast_host, port, 0, world, self.broadcast_backend, self.broadcast_timeout_s
+            )
+        finally:
+            await asyncio.gather(*joins)
+        self._group_urls = [s.url for s in live]
+
+    async def _leave_group(self) -> None:
+        if self._group is None:
+            return
+        for url in self._group_urls:
+            with contextlib.suppress(httpx.HTTPError, ServerUnavailable):
+                await self._rpc(url, "clawgym_leave_weight_group")
+        self._group.close()
+        self._group, self._group_urls = None, []
+
+    async def _broadcast(self, tensors: Mapping[str, Any], version: int, live: list[ServerSlot]) -> None:
+        if self._group is None or self._group_urls != [s.url for s in live]:  # membership changed: a new group
+            await self._join_group(live)
+        assert self._group is not None
+        receives = [
+            asyncio.create_task(self._rpc(s.url, "clawgym_receive_weights", manifest(tensors), str(version)))
+            for s in live
+        ]
+        try:
+            await asyncio.to_thread(self._group.send, tensors)
+        finally:
+            await asyncio.gather(*receives)
+        for slot in live:
+            response = await self._http.post(f"{slot.url}/reset_prefix_cache")
+            if response.status_code != 200:
+                raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
+            slot.recent.clear()
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Blocking form for a trainer thread; inside the pool's event loop use `await aupdate_weights(...)`."""

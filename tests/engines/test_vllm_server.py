@@ -147,3 +147,66 @@ async def test_stream_through_the_pool_equals_generate(pool, qwen_tok):
     assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(whole.logprobs, abs=1e-4)
     assert {c.policy_version for c in chunks} == {whole.policy_version}
     assert owner in holder(pool, first + whole.token_ids) and owner.in_flight == 0
+
+
+def perturb(model, scale: float) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "mlp" in name:
+                param.mul_(scale)
+            if "embed_tokens" in name:
+                param.add_(0.01 * torch.randn_like(param))
+
+
+async def check_serves(pool, qwen_tok, hf_model, version: int, tag: str) -> None:
+    firsts = prompts(qwen_tok, 2 * len(pool.slots), tag)
+    gens = await asyncio.gather(*(pool.generate(p, SamplingParams(max_tokens=8, seed=i)) for i, p in enumerate(firsts)))
+    for p, g in zip(firsts, gens):
+        assert g.policy_version == version
+        assert max(abs(a - b) for a, b in zip(g.logprobs, teacher_forced(hf_model, p, g.token_ids))) < FLOAT32_TOLERANCE
+
+
+async def test_broadcast_weights_reach_every_server_over_a_process_group(pool, qwen_tok, hf_model):
+    """weight_transfer="broadcast": the trainer (rank 0) and each server's worker join one gloo group (NCCL on
+    GPUs) and the tensors go through it, not through a file; the next update reuses the group; the checkpoint
+    file is still written afterwards, for a server that comes back later."""
+    pool.weight_transfer = "broadcast"
+    for version, scale in ((2, 0.8), (3, 1.25)):
+        perturb(hf_model, scale)
+        await pool.aupdate_weights(hf_model.state_dict(), version)
+        if version == 2:
+            group = pool._group
+            assert group is not None and group.world_size == 3 and group.backend == "gloo"
+        assert pool._group is group  # same servers: the group is kept
+        assert pool.stats.broadcast_failures == 0
+        assert [await pool.server_version(s.url) for s in pool.slots] == [version, version]
+        await check_serves(pool, qwen_tok, hf_model, version, f"broadcast-{version}")
+    await pool._checkpoint_written
+    assert pool.latest_checkpoint is not None and pool.latest_checkpoint.name == "policy-v3.safetensors"
+
+
+async def test_broadcast_that_cannot_start_falls_back_to_the_file(pool, qwen_tok, hf_model):
+    """A broadcast that fails (here: NCCL asked for on a machine without a GPU) loads the checkpoint file
+    instead, and says so in `stats.broadcast_failures`; the servers stay in service."""
+    pool.broadcast_backend = "nccl"
+    pool._group, pool._group_urls = None, []  # force a new group on the next update
+    perturb(hf_model, 0.9)
+    await pool.aupdate_weights(hf_model.state_dict(), 4)
+    assert pool.stats.broadcast_failures == 1 and all(s.alive for s in pool.slots)
+    assert [await pool.server_version(s.url) for s in pool.slots] == [4, 4]
+    await check_serves(pool, qwen_tok, hf_model, 4, "fallback")
+    pool.broadcast_backend = "gloo"
+
+
+async def test_broadcast_regroups_without_a_server_that_died(pool, qwen_tok, hf_model):
+    """A server that died since the last update is found before the broadcast (it would stall the group until
+    its timeout): it is lost, and the update goes to a new group of the live servers."""
+    lost = pool.stats.servers_lost
+    victim = pool.servers[1]
+    await asyncio.to_thread(victim.kill)
+    perturb(hf_model, 1.1)
+    await pool.aupdate_weights(hf_model.state_dict(), 5)
+    assert pool.stats.servers_lost == lost + 1 and not pool.slots[1].alive
+    assert pool.stats.broadcast_failures == 1 and pool._group is not None and pool._group.world_size == 2
+    assert await pool.server_version(pool.slots[0].url) == 5
+    await check_serves(pool, qwen_tok, hf_model, 5, "regrouped")

@@ -42,6 +42,9 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert report["tree"]["calls"] >= 4  # every rollout made at least one real model call through pi
     assert (run_dir / "metrics.png").stat().st_size > 0
     assert (run_dir / "rollouts" / "calls.jsonl").is_file()
+    assert report["weight_sync"]["seconds"] > 0 and 0 < report["weight_sync"]["share_of_step_time"] < 1
+    assert report["peak_rss_mb"]["main_process"] > 100  # torch and a model are loaded
+    assert "weight sync to the engine" in stdout and "peak RSS" in stdout
 
 
 @pytest.mark.parametrize(
