@@ -11,8 +11,16 @@ Each ratio compares two configurations measured in the same run on the same prom
 compares engines instead (transformers, in-process vLLM, one vLLM server) on the same batch of
 multi-call rollouts (a shared system prompt, each call extending the previous one): start-up time,
 wall time, generated tokens/s, prompt tokens served from vLLM's prefix cache, peak RSS of the engine's
-processes. vLLM runs float32 on CPU like the transformers engine (a fair comparison of the engines,
-not of the dtypes).
+processes, and the server's weight sync by file and by broadcast. vLLM runs float32 on CPU like the
+transformers engine (a fair comparison of the engines, not of the dtypes; `--vllm-dtype auto` runs it in
+vLLM's CPU default, bfloat16).
+
+    .venv/bin/python -m benchmarks.engine_bench --compare-engines --model qwen2.5-coder-0.5b \
+        --replay runs/main-vllm-s0/rollouts/calls.jsonl --concurrency 8
+
+replays real rollouts instead: the first 8 pi rollouts recorded by a main-job run, each call with its
+recorded prompt ids and as many new tokens as it generated then (no stop token), so every engine does
+exactly the same work, the calls of a rollout one after another and the rollouts concurrently.
 """
 
 from __future__ import annotations
@@ -135,13 +143,46 @@ async def rollouts(engine, tokenizer, n: int, calls: int, prompt_tokens: int, ne
         p = system + tokenizer.encode(f"task {i}")
         made = 0
         for turn in range(calls):
-            g = await engine.generate(p, SamplingParams(max_tokens=new_tokens, seed=100 * i + turn, stop_token_ids=()))
+            g = await engine.generate(p, SamplingParams(max_tokens=new_tokens, seed=100 * i + turn, ignore_eos=True))
             made += len(g.token_ids)
             p = p + g.token_ids + tail
         return made
 
     start = time.perf_counter()
     made = await asyncio.gather(*(one(i) for i in range(n)))
+    return time.perf_counter() - start, sum(made)
+
+
+def recorded_rollouts(path: str, n: int) -> list[list[tuple[list[int], int]]]:
+    """The first `n` rollouts (in recording order) of a run's calls.jsonl that completed every call: each a
+    list of (prompt ids, generated length), in call order."""
+    calls: dict[str, list[dict]] = {}
+    with open(path) as f:
+        for line in f:
+            call = json.loads(line)
+            calls.setdefault(call["rollout_id"], []).append(call)
+    out = []
+    for rollout in calls.values():
+        rollout.sort(key=lambda c: c["call_index"])
+        if all(c["generated_ids"] and not c.get("error") for c in rollout):
+            out.append([(c["prompt_ids"], len(c["generated_ids"])) for c in rollout])
+        if len(out) == n:
+            return out
+    raise SystemExit(f"{path} holds only {len(out)} complete rollouts, fewer than the {n} asked for")
+
+
+async def replay(engine, recorded: list[list[tuple[list[int], int]]]) -> tuple[float, int]:
+    """Each recorded rollout's calls in order (all rollouts concurrently); (wall s, generated tokens)."""
+
+    async def one(i: int, calls: list[tuple[list[int], int]]) -> int:
+        made = 0
+        for turn, (prompt, length) in enumerate(calls):
+            sampling = SamplingParams(max_tokens=length, seed=100 * i + turn, ignore_eos=True)
+            made += len((await engine.generate(prompt, sampling)).token_ids)
+        return made
+
+    start = time.perf_counter()
+    made = await asyncio.gather(*(one(i, calls) for i, calls in enumerate(recorded)))
     return time.perf_counter() - start, sum(made)
 
 
@@ -153,23 +194,38 @@ async def compare_engines(args) -> dict:
 
     results: dict = {"model": args.model, "concurrency": args.concurrency, "load_avg_1min": psutil.getloadavg()[0]}
     model, tokenizer = load_policy_model(args.model)
-    work = dict(n=args.concurrency, calls=4, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
+    if args.replay:
+        recorded = recorded_rollouts(args.replay, args.concurrency)
+        results["replayed_calls"] = sum(len(r) for r in recorded)
+        results["replayed_prompt_tokens"] = sum(len(p) for r in recorded for p, _ in r)
+
+        def work(engine):
+            return replay(engine, recorded)
+    else:
+        shape = dict(n=args.concurrency, calls=4, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
+
+        def work(engine):
+            return rollouts(engine, tokenizer, **shape)
+
+    longest = max(args.prompt_tokens * 2, *(len(p) + n for r in recorded for p, n in r)) if args.replay else 4096
+    max_len = max(4096, longest + 16)
+    vllm_dtype = args.vllm_dtype
     base_rss = tree_rss_mb()
 
     t0 = time.perf_counter()
     eng = TransformersEngine(model, tokenizer, max_batch_size=args.concurrency, stop_token_ids=set())
     results["transformers_start_s"] = time.perf_counter() - t0
-    wall, made = await rollouts(eng, tokenizer, **work)
+    wall, made = await work(eng)
     results["transformers_wall_s"], results["transformers_tok_s"] = wall, made / wall
     results["transformers_rss_mb"] = tree_rss_mb()
     eng.close()
 
     for label in ("vllm_cold", "vllm_warm"):  # the second start finds vLLM's caches (.cache/vllm) filled
         t0 = time.perf_counter()
-        veng = VLLMEngine(args.model, dtype="float32", max_model_len=4096, max_num_seqs=args.concurrency)
+        veng = VLLMEngine(args.model, dtype=vllm_dtype, max_model_len=max_len, max_num_seqs=args.concurrency)
         results[f"{label}_start_s"] = time.perf_counter() - t0
         if label == "vllm_warm":
-            wall, made = await rollouts(veng, tokenizer, **work)
+            wall, made = await work(veng)
             results["vllm_wall_s"], results["vllm_tok_s"] = wall, made / wall
             results["vllm_prefix_cached_prompt_tokens"] = veng.stats.cached_prompt_tokens
             results["vllm_prompt_tokens"] = veng.stats.prompt_tokens
@@ -179,20 +235,25 @@ async def compare_engines(args) -> dict:
 
     t0 = time.perf_counter()
     pool = await asyncio.to_thread(
-        VLLMServerPool.launch, args.model, 1, dtype="float32", max_model_len=4096, max_batch_size=args.concurrency
+        VLLMServerPool.launch, args.model, 1, dtype=vllm_dtype, max_model_len=max_len, max_batch_size=args.concurrency
     )
     results["server_start_s"] = time.perf_counter() - t0
     try:
-        wall, made = await rollouts(pool, tokenizer, **work)
+        wall, made = await work(pool)
         results["server_wall_s"], results["server_tok_s"] = wall, made / wall
         results["server_rss_mb"] = tree_rss_mb(pool.servers[0].proc.pid)
         state = model.state_dict()
-        t0 = time.perf_counter()
-        await pool.aupdate_weights(state, 1)
-        results["server_weight_sync_s"] = time.perf_counter() - t0
+        steps = (("disk", "disk"), ("broadcast", "broadcast_joining"), ("broadcast", "broadcast"))
+        for version, (transfer, label) in enumerate(steps, start=1):  # the 2nd broadcast reuses the group
+            pool.weight_transfer = transfer
+            t0 = time.perf_counter()
+            await pool.aupdate_weights(state, version)
+            results[f"server_weight_sync_{label}_s"] = time.perf_counter() - t0
+        results["server_broadcast_failures"] = pool.stats.broadcast_failures
     finally:
         await pool.aclose()
     results["vllm_vs_transformers_tok_s"] = results["vllm_tok_s"] / results["transformers_tok_s"]
+    results["server_vs_transformers_tok_s"] = results["server_tok_s"] / results["transformers_tok_s"]
     results["load_avg_1min_end"] = psutil.getloadavg()[0]
     return results
 
@@ -203,6 +264,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--replay", default=None, help="a run's rollouts/calls.jsonl: replay its recorded rollouts")
+    parser.add_argument("--vllm-dtype", default="float32", help="vLLM's dtype (float32 = the trainer's; auto)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument(
         "--compare-engines", action="store_true", help="transformers vs in-process vLLM vs a vLLM server"

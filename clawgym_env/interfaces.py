@@ -108,6 +108,7 @@ class SamplingParams(BaseModel):
     top_k: int = Field(default=0, ge=0)  # 0 = off
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # generate max_tokens whatever the model's end tokens (benchmarks: equal work)
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]

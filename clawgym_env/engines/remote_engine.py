@@ -189,6 +189,8 @@ class RemoteEngine:
             body["seed"] = s.seed
         if s.stop_token_ids:
             body["stop_token_ids"] = list(s.stop_token_ids)
+        if s.ignore_eos:
+            body["ignore_eos"] = True
         return body
 
     async def _generate_vllm(
@@ -214,6 +216,8 @@ class RemoteEngine:
         }
         if s.stop_token_ids:
             params["stop_token_ids"] = list(s.stop_token_ids)
+        if s.ignore_eos:
+            params["ignore_eos"] = True
         if s.seed is not None:
             params["sampling_seed"] = s.seed
         body = {

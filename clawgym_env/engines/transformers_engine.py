@@ -240,7 +240,8 @@ class TransformersEngine:
             request_id=request_id or f"req-{next(self._ids)}",
             prompt=[int(t) for t in prompt_ids],
             sampling=sampling,
-            stop_ids=self.default_stop_ids | frozenset(sampling.stop_token_ids),
+            stop_ids=(frozenset() if sampling.ignore_eos else self.default_stop_ids)
+            | frozenset(sampling.stop_token_ids),
             generator=torch.Generator().manual_seed(seed),
             loop=loop,
             future=loop.create_future(),

@@ -87,6 +87,8 @@ def vllm_sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
         kwargs["seed"] = sampling.seed
     if sampling.stop_token_ids:
         kwargs["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.ignore_eos:
+        kwargs["ignore_eos"] = True
     return kwargs
 
 
@@ -307,7 +309,7 @@ class VLLMEngine:
         self._loop = asyncio.get_running_loop()
         await self._resume.wait()  # a weight update is in progress
         kwargs = vllm_sampling_kwargs(sampling)
-        if self.extra_stop_ids:
+        if self.extra_stop_ids and not sampling.ignore_eos:
             kwargs["stop_token_ids"] = sorted(set(kwargs.get("stop_token_ids", [])) | set(self.extra_stop_ids))
         # CUMULATIVE: an aborted request still hands back everything generated so far.
         params = VllmSamplingParams(output_kind=RequestOutputKind.CUMULATIVE, **kwargs)
