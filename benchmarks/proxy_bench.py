@@ -20,6 +20,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import orjson
 
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
-from clawgym_env.interfaces import Generation, Policy, RolloutLimits, SamplingParams
+from clawgym_env.interfaces import Generation, Policy, RolloutLimits, SamplingParams, TokenChunk
 from clawgym_env.proxy import ChatMLRenderer, ServingProxy
 
 SYSTEM = ("You are a careful coding agent working in /root/.openclaw/workspace. " * 30).strip()
@@ -50,7 +51,8 @@ COMPLETIONS = [
 
 
 class PacedTestEngine(ScriptedTestEngine):
-    """Test double: a ScriptedTestEngine that takes `per_token_s` per generated token, like a real decoder."""
+    """Test double: a ScriptedTestEngine that takes `per_token_s` per generated token, like a real decoder;
+    its stream yields each token when it is "decoded"."""
 
     def __init__(self, tokenizer: Any, completions: Any, per_token_s: float) -> None:
         super().__init__(tokenizer, completions)
@@ -60,6 +62,16 @@ class PacedTestEngine(ScriptedTestEngine):
         generation = await super().generate(prompt_ids, sampling)
         await asyncio.sleep(self.per_token_s * len(generation.token_ids))
         return generation
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        generation = await super().generate(prompt_ids, sampling)
+        start, last = time.perf_counter(), len(generation.token_ids) - 1
+        for i, token in enumerate(generation.token_ids):
+            await asyncio.sleep(max(0.0, start + (i + 1) * self.per_token_s - time.perf_counter()))
+            finish = generation.finish_reason if i == last else None
+            yield TokenChunk([token], [generation.logprobs[i]], finish, generation.policy_version)
 
 
 class RawHttpClient:
@@ -189,7 +201,8 @@ def _sse_data(body: bytes) -> list[bytes]:
     return [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
 
 
-async def run_direct(policy: Policy, n: int, prompts: list[list[int]]) -> Result:
+async def run_direct(policy: Policy, n: int, prompts: list[list[int]], stream: bool = False) -> Result:
+    """The same prompts straight to the engine (its stream read to the end when `stream`)."""
     latencies: list[float] = []
     queue = list(prompts)
     sampling = SamplingParams(max_tokens=1024, stop_token_ids=tuple(policy.renderer.stop_token_ids))
@@ -198,7 +211,11 @@ async def run_direct(policy: Policy, n: int, prompts: list[list[int]]) -> Result
         while queue:
             prompt = queue.pop()
             start = time.perf_counter()
-            await policy.engine.generate(prompt, sampling)
+            if stream:
+                async for _ in policy.engine.stream(prompt, sampling):
+                    pass
+            else:
+                await policy.engine.generate(prompt, sampling)
             latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
@@ -226,7 +243,7 @@ async def bench(quick: bool) -> list[dict[str, Any]]:
                     policy = Policy(engine=engine, renderer=renderer)
                     await run_proxy(proxy, policy, n, min(rollouts, 4), 2, stream)  # warm-up (block cache, connections)
                     via_proxy, prompts = await run_proxy(proxy, policy, n, rollouts, calls_each, stream)
-                    direct = await run_direct(policy, n, prompts)
+                    direct = await run_direct(policy, n, prompts, stream)
                     rows.append(row(n, stream, via_proxy, direct, per_token))
                     print(format_row(rows[-1]), flush=True)
     return rows

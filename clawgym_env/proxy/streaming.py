@@ -49,7 +49,13 @@ async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]])
 
 
 class TokenFeed:
-    """One call's token stream, read chunk by chunk under a deadline while watching for a disconnect."""
+    """One call's token stream, read under a deadline while watching for a disconnect.
+
+    A pump task reads the engine's stream into a buffer; `next()` hands out everything decoded since the
+    previous `next()` as one chunk. So the per-token cost is one event wake-up, not a task and a wait per
+    token, and tokens that pile up while the proxy is busy (many streams, a slow client) go out in one
+    send instead of one each. The deadline is one timer for the whole call.
+    """
 
     def __init__(
         self,
@@ -61,67 +67,94 @@ class TokenFeed:
         deadline: float,
     ) -> None:
         self.engine, self.request_id, self.deadline = engine, request_id, deadline
-        self.chunks: list[TokenChunk] = []
-        self.finished = False
+        self.chunks: list[TokenChunk] = []  # as the engine gave them (the recorded generation)
+        self.finished = False  # next() returns None from now on
         self._iter: AsyncIterator[TokenChunk] = stream_tokens(engine, prompt_ids, sampling, request_id)
+        self._handed = 0  # chunks handed out by next()
+        self._ended = False  # the engine's stream is over (finished, failed or exhausted)
+        self._error: BaseException | None = None
+        self._timed_out = False
+        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._pump = asyncio.ensure_future(self._read())
         self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        self._watcher.add_done_callback(lambda _: self._wake.set())
+        self._timer = loop.call_at(deadline, self._time_out)
 
     def generation(self) -> Generation:
         return collect(self.chunks)
 
+    def _time_out(self) -> None:
+        self._timed_out = True
+        self._wake.set()
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self._iter:
+                self.chunks.append(chunk)
+                self._wake.set()
+                if chunk.finish_reason is not None:
+                    break
+        except Exception as exc:
+            self._error = exc
+        finally:
+            self._ended = True
+            self._wake.set()
+
     async def next(self) -> TokenChunk | None:
-        """The next chunk, or None once the stream is over; raises StreamStopped with the partial generation."""
+        """What was decoded since the last call (one chunk), or None once the stream is over; raises
+        StreamStopped with the partial generation."""
         if self.finished:
             return None
-        step = asyncio.ensure_future(anext(self._iter))
-        loop = asyncio.get_running_loop()
-        try:
-            done, _ = await asyncio.wait(
-                (step, self._watcher),
-                timeout=max(0.0, self.deadline - loop.time()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        except BaseException:
-            step.cancel()
-            raise
-        if step in done and not self._watcher.done():  # a gone client wins even if a chunk came with it
-            try:
-                chunk = step.result()
-            except StopAsyncIteration:
+        while True:
+            if self._watcher.done():  # a gone client wins even if tokens came with it
+                raise StreamStopped("disconnected", await self._stop())
+            if self._timed_out and not self._ended:  # the deadline holds even while tokens keep coming
+                raise StreamStopped("timeout", await self._stop())
+            if self._handed < len(self.chunks):
+                chunk = _merged(self.chunks[self._handed :])
+                self._handed = len(self.chunks)
+                self.finished = chunk.finish_reason is not None
+                return chunk
+            if self._ended:
                 self.finished = True
+                if self._error is not None:
+                    partial = getattr(self._error, "generation", None)
+                    raise StreamStopped(
+                        "engine", partial if isinstance(partial, Generation) else None, self._error
+                    ) from self._error
                 return None
-            except Exception as exc:
-                partial = getattr(exc, "generation", None)
-                self.finished = True
-                raise StreamStopped("engine", partial if isinstance(partial, Generation) else None, exc) from exc
-            self.chunks.append(chunk)
-            self.finished = chunk.finish_reason is not None
-            return chunk
-        why: Literal["disconnected", "timeout"] = "disconnected" if self._watcher.done() else "timeout"
-        raise StreamStopped(why, await self._stop(step))
+            self._wake.clear()
+            await self._wake.wait()
 
-    async def _stop(self, step: asyncio.Future[TokenChunk]) -> Generation:
+    async def _stop(self) -> Generation:
         """Stop the engine; an engine with abort() finishes the stream with what it generated (finish "abort")."""
         self.finished = True
-        last = None
-        if step.done() and not step.cancelled() and step.exception() is None:
-            last = step.result()  # decoded, not sent: it is part of what was generated
-            self.chunks.append(last)
-        if can_abort(self.engine) and self.engine.abort(self.request_id):
+        self._timer.cancel()
+        if not self._ended and can_abort(self.engine) and self.engine.abort(self.request_id):
             with contextlib.suppress(Exception):
-                if last is None:
-                    last = await asyncio.wait_for(asyncio.shield(step), timeout=5)
-                    self.chunks.append(last)
-                while last.finish_reason is None:
-                    last = await asyncio.wait_for(anext(self._iter), timeout=5)
-                    self.chunks.append(last)
-        step.cancel()
+                await asyncio.wait_for(asyncio.shield(self._pump), timeout=5)  # reads up to the abort chunk
+        self._pump.cancel()
         return collect(self.chunks, "abort")
 
     async def aclose(self) -> None:
+        self._timer.cancel()
         self._watcher.cancel()
+        if not self._pump.done():
+            self._pump.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pump
         with contextlib.suppress(Exception):
             await self._iter.aclose()  # type: ignore[attr-defined]
+
+
+def _merged(chunks: list[TokenChunk]) -> TokenChunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    ids = [t for c in chunks for t in c.token_ids]
+    logprobs = [lp for c in chunks for lp in c.logprobs]
+    return TokenChunk(ids, logprobs, last.finish_reason, last.policy_version)
 
 
 class StreamSplitter:
