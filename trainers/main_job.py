@@ -12,7 +12,9 @@ own metrics.jsonl and summary.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -98,9 +100,11 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
         f"run directory {cfg.run_dir}"
     )
     started = time.perf_counter()
-    summary = train(cfg)
+    with PeakRss() as rss:
+        summary = train(cfg)
     wall_s = time.perf_counter() - started
     report = build_report(Path(cfg.run_dir), summary, wall_s)
+    report["peak_rss_mb"] = rss.report()
     console.print(render_report(report))
     (Path(cfg.run_dir) / "report.json").write_text(json.dumps(report, indent=2))
     console.print(
@@ -154,20 +158,50 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
     step_s = report["time_s"]["rollouts"] + report["time_s"]["updates"]
     sync_s = total("weight_sync_s")  # inside the updates' time
     report["weight_sync"] = {"seconds": sync_s, "share_of_step_time": sync_s / step_s if step_s else None}
-    report["peak_rss_mb"] = peak_rss_mb()
     return report
 
 
-def peak_rss_mb() -> dict[str, float]:
-    """Peak resident memory of this process and of its largest finished child (an engine process such as
-    vLLM's engine core, or a harness CLI), from the kernel's own accounting."""
-    import resource
+class PeakRss:
+    """Peak resident memory while the block runs: this process (the kernel's high-water mark) and the whole
+    process tree (this process, the engine's processes, harness CLIs and sandboxes), sampled every second.
 
-    kib = 1024.0  # Linux reports ru_maxrss in KiB
-    return {
-        "main_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
-        "largest_child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
-    }
+    The kernel's figure for children (RUSAGE_CHILDREN) is no use here: a child forked from a large trainer
+    inherits its high-water mark, so every harness CLI would report the trainer's size.
+    """
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s, self.tree_mb = every_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while True:
+            total = 0
+            for proc in (me, *me.children(recursive=True)):
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_info().rss
+            self.tree_mb = max(self.tree_mb, total / 2**20)
+            if self._stop.wait(self.every_s):
+                return
+
+    def report(self) -> dict[str, float]:
+        import resource
+
+        return {
+            "main_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
+            "process_tree": self.tree_mb,
+        }
 
 
 def render_report(report: dict[str, Any]) -> Table:
@@ -208,9 +242,10 @@ def render_report(report: dict[str, Any]) -> Table:
     sync = report["weight_sync"]
     share = "-" if sync["share_of_step_time"] is None else f"{100 * sync['share_of_step_time']:.1f} %"
     table.add_row("weight sync to the engine (share of step time)", f"{sync['seconds']:.1f} s ({share})")
-    rss = report["peak_rss_mb"]
-    table.add_row(
-        "peak RSS: main process / largest child", f"{rss['main_process']:.0f} / {rss['largest_child']:.0f} MB"
-    )
+    rss = report.get("peak_rss_mb")
+    if rss:
+        table.add_row(
+            "peak RSS: main process / whole process tree", f"{rss['main_process']:.0f} / {rss['process_tree']:.0f} MB"
+        )
     table.add_row("reward curve", report["plot"])
     return table

@@ -43,7 +43,8 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert (run_dir / "metrics.png").stat().st_size > 0
     assert (run_dir / "rollouts" / "calls.jsonl").is_file()
     assert report["weight_sync"]["seconds"] > 0 and 0 < report["weight_sync"]["share_of_step_time"] < 1
-    assert report["peak_rss_mb"]["main_process"] > 100  # torch and a model are loaded
+    rss = report["peak_rss_mb"]
+    assert rss["process_tree"] > 100 and rss["main_process"] > 100  # torch and a model are loaded
     assert "weight sync to the engine" in stdout and "peak RSS" in stdout
 
 

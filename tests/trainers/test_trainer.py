@@ -135,9 +135,9 @@ def test_ppo_with_a_frozen_critic_trunk_trains_only_the_value_head() -> None:
 def test_lora_trains_adapters_only_and_exports_merged_weights() -> None:
     model = apply_lora(small_qwen3(0), LoraSettings(enabled=True, r=4, alpha=8))
     trainer = Trainer(model, GRPO(), OPTIM)
-    base_before = {k: v.clone() for k, v in export_weights(model).items()}
+    base_before = {k: v.clone() for k, v in export_weights(model, full=True).items()}
     trainer.update(source(1).next_batch())
-    exported = export_weights(model)
+    exported = export_weights(model, full=True)
     merged = copy.deepcopy(model).merge_and_unload()
     plain = dict(merged.named_parameters())
     assert set(exported) == set(plain)
@@ -145,6 +145,11 @@ def test_lora_trains_adapters_only_and_exports_merged_weights() -> None:
         assert torch.allclose(v, plain[k], atol=1e-6)
     changed = [k for k in exported if not torch.equal(exported[k], base_before[k])]
     assert changed and all(any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in changed)
+    # the default export (the weight sync) is the adapted layers only: the rest is frozen, as the engine has it
+    synced = export_weights(model)
+    assert set(changed) <= set(synced) and len(synced) < len(exported) / 2
+    assert all(any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in synced)
+    assert all(torch.equal(v, exported[k]) for k, v in synced.items())
 
 
 def test_shared_prompts_train_exactly_like_separate_rollouts() -> None:
