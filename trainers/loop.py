@@ -14,7 +14,6 @@ on its share of the packed micro-batches (trainers.distributed).
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import random
@@ -33,7 +32,7 @@ from trainers.config import TrainConfig
 from trainers.core import Trainer
 from trainers.grpo import GRPO
 from trainers.metrics_log import MetricsLogger, console
-from trainers.model import _plain, apply_lora, enable_gradient_checkpointing, frozen_copy, load_model
+from trainers.model import apply_lora, enable_gradient_checkpointing, frozen_copy, load_model, plain_copy
 from trainers.plots import plot_metrics
 from trainers.ppo import PPO, PPOConfig
 from trainers.rollouts import RolloutBatch
@@ -110,8 +109,7 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
     if cfg.engine.kind == "transformers":
         from clawgym_env.engines.transformers_engine import TransformersEngine
 
-        engine_model = copy.deepcopy(_plain(model))
-        return TransformersEngine(engine_model, tokenizer, seed=cfg.seed, **cfg.engine.options)
+        return TransformersEngine(plain_copy(model), tokenizer, seed=cfg.seed, **cfg.engine.options)
     from clawgym_env.engines import make_engine
 
     return make_engine(cfg.engine.kind, model=cfg.model.name, **cfg.engine.options)
@@ -370,7 +368,7 @@ def build_models(cfg: TrainConfig) -> tuple[torch.nn.Module, Any, Critic | None,
     ref_model = frozen_copy(model) if cfg.algorithm.kl_coef else None
     critic = None
     if isinstance(cfg.algorithm, PPOConfig):  # the critic starts from the base model, without the LoRA layers
-        backbone = copy.deepcopy(unwrap(model) if not cfg.model.lora.enabled else _plain(model))
+        backbone = plain_copy(unwrap(model) if not cfg.model.lora.enabled else model)
         critic = Critic(backbone, train_trunk=cfg.algorithm.train_critic_trunk)
     model.to(cfg.device)
     if critic is not None:

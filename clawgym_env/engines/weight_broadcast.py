@@ -14,7 +14,9 @@ to vLLM's loader, so at most one tensor is in flight on top of the model.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
@@ -77,6 +79,7 @@ class WeightGroup:
             options._timeout = timeout
             self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
             self.device = torch.device("cuda", torch.cuda.current_device())
+        atexit.register(self.close)  # the group before its store: the other order aborts the process at exit
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
@@ -93,8 +96,9 @@ class WeightGroup:
         return sent
 
     def close(self) -> None:
-        """Leave the group (its sockets close with the objects)."""
+        """Leave the group (its sockets close with the objects), the group first, then its store."""
         self.group = None
+        gc.collect()
         self.store = None
 
     def receive(self, specs: list[TensorSpec]) -> Iterator[tuple[str, torch.Tensor]]:

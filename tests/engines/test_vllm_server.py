@@ -12,6 +12,7 @@ import pytest_asyncio
 import torch
 
 from clawgym_env.engines.vllm_engine import VLLM_MISSING, vllm_available
+from clawgym_env.engines.weight_broadcast import default_backend
 from clawgym_env.interfaces import SamplingParams
 
 pytestmark = [
@@ -176,7 +177,7 @@ async def test_broadcast_weights_reach_every_server_over_a_process_group(pool, q
         await pool.aupdate_weights(hf_model.state_dict(), version)
         if version == 2:
             group = pool._group
-            assert group is not None and group.world_size == 3 and group.backend == "gloo"
+            assert group is not None and group.world_size == 3 and group.backend == default_backend()
         assert pool._group is group  # same servers: the group is kept
         assert pool.stats.broadcast_failures == 0
         assert [await pool.server_version(s.url) for s in pool.slots] == [version, version]
@@ -186,16 +187,16 @@ async def test_broadcast_weights_reach_every_server_over_a_process_group(pool, q
 
 
 async def test_broadcast_that_cannot_start_falls_back_to_the_file(pool, qwen_tok, hf_model):
-    """A broadcast that fails (here: NCCL asked for on a machine without a GPU) loads the checkpoint file
-    instead, and says so in `stats.broadcast_failures`; the servers stay in service."""
-    pool.broadcast_backend = "nccl"
+    """A broadcast that fails (here: a backend neither side has) loads the checkpoint file instead, and says so
+    in `stats.broadcast_failures`; the servers stay in service."""
+    pool.broadcast_backend = "ucc"
     pool._group, pool._group_urls = None, []  # force a new group on the next update
     perturb(hf_model, 0.9)
     await pool.aupdate_weights(hf_model.state_dict(), 4)
     assert pool.stats.broadcast_failures == 1 and all(s.alive for s in pool.slots)
     assert [await pool.server_version(s.url) for s in pool.slots] == [4, 4]
     await check_serves(pool, qwen_tok, hf_model, 4, "fallback")
-    pool.broadcast_backend = "gloo"
+    pool.broadcast_backend = default_backend()
 
 
 async def test_broadcast_regroups_without_a_server_that_died(pool, qwen_tok, hf_model):
