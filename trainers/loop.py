@@ -109,7 +109,7 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
     if cfg.engine.kind == "transformers":
         from clawgym_env.engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine(plain_copy(model), tokenizer, seed=cfg.seed, **cfg.engine.options)
+        return TransformersEngine(plain_copy(model, share_frozen=True), tokenizer, seed=cfg.seed, **cfg.engine.options)
     from clawgym_env.engines import make_engine
 
     return make_engine(cfg.engine.kind, model=cfg.model.name, **cfg.engine.options)

@@ -62,21 +62,30 @@ def apply_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
 
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A reference policy for the KL penalty: the current weights, no gradients."""
-    ref = plain_copy(model)
+    ref = plain_copy(model, share_frozen=True)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
 
 
-def plain_copy(model: nn.Module) -> nn.Module:
+def plain_copy(model: nn.Module, share_frozen: bool = False) -> nn.Module:
     """A separate copy of the model without LoRA wrappers (adapters merged): the engine's weights, a reference.
 
-    One copy of the weights, whatever the wrapper: copying a merged copy again held three float32 models of
-    Qwen2.5-Coder-0.5B at once and set the main job's peak memory."""
-    if hasattr(model, "get_base_model"):
-        return copy.deepcopy(model).merge_and_unload()
-    return copy.deepcopy(model)
+    `share_frozen`: a LoRA model's frozen base weights outside the adapted layers (embedding, MLPs, norms: ~90%
+    of Qwen2.5-Coder-0.5B) are shared with the copy instead of copied, since nothing ever writes them (the
+    weight sync sends only the adapted layers, see `export_weights`). Only for a copy that is never trained
+    (the engine, the KL reference), not for a critic that trains its trunk. The old way, copying a merged
+    copy again, held three float32 0.5B models at once and set the main job's peak memory.
+    """
+    if not hasattr(model, "get_base_model"):
+        return copy.deepcopy(model)
+    memo: dict[int, Any] = {}
+    if share_frozen:
+        for name, param in model.get_base_model().named_parameters():
+            if not param.requires_grad and ".base_layer." not in name and "lora_" not in name:
+                memo[id(param)] = param
+    return copy.deepcopy(model, memo).merge_and_unload()
 
 
 def export_weights(model: nn.Module, full: bool = False) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from clawgym_env.interfaces import SamplingParams
 from clawgym_env.trajectory.packing import tree_logprobs
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
-from trainers.model import LoraSettings, apply_lora, export_weights
+from trainers.model import LoraSettings, apply_lora, export_weights, plain_copy
 from trainers.ppo import PPO, PPOConfig
 from trainers.rollouts import RolloutBatch
 from trainers.synthetic import SyntheticRollouts, forest_from_paths
@@ -193,3 +193,30 @@ def test_reused_batches_record_old_logprobs_at_the_sampling_temperature() -> Non
     # Adam moves each weight by <= lr = 1e-7, which moves a log-prob of this 2-layer model by far less than 1e-3;
     # old log-probs at temperature 1 instead of 0.5 put the mean ratio tens of percent away from 1
     assert abs(metrics["ratio_mean"] - 1.0) < 1e-3, metrics["ratio_mean"]
+
+
+def test_plain_copy_shares_only_frozen_weights_and_serves_the_merged_policy() -> None:
+    """The engine's copy of a LoRA policy shares the frozen base weights outside the adapted layers (no
+    second copy in memory), owns the adapted layers, and after training and a weight sync computes exactly
+    what the merged policy computes; training never writes the shared weights."""
+    model = apply_lora(small_qwen3(0), LoraSettings(enabled=True, r=4, alpha=8))
+    engine_model = plain_copy(model, share_frozen=True)
+    base = dict(model.get_base_model().named_parameters())
+    mine = dict(engine_model.named_parameters())
+    shared = [k for k, p in mine.items() if p.data_ptr() == base.get(k, p.new_empty(0)).data_ptr()]
+    assert shared and all(not any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in shared)
+    assert all(
+        mine[k].data_ptr() != base[k.replace("proj.", "proj.base_layer.")].data_ptr() for k in mine if "q_proj" in k
+    )
+    frozen_before = {k: base[k].detach().clone() for k in shared}
+    Trainer(model, GRPO(), OPTIM).update(source(1).next_batch())
+    with torch.no_grad():
+        for name, value in export_weights(model).items():  # the weight sync: adapted layers only
+            mine[name].copy_(value)
+    assert all(torch.equal(base[k], frozen_before[k]) for k in shared)
+    ids = torch.randint(0, VOCAB, (1, 12))
+    reference = copy.deepcopy(model).merge_and_unload()
+    with torch.no_grad():
+        assert torch.allclose(engine_model(ids).logits, reference(ids).logits, atol=1e-5)
+    independent = plain_copy(model)  # the default (a critic's trunk trains): nothing shared
+    assert not any(p.data_ptr() == base[k].data_ptr() for k, p in independent.named_parameters() if k in base)
