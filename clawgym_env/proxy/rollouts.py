@@ -37,6 +37,7 @@ class RolloutStats(BaseModel):
     new_roots: int = 0  # first calls of another system prompt / tool set (a subagent or side call): not breaks
     control_token_texts: int = 0  # control tokens written as text in user/tool/system text (kept as text)
     stream_mismatches: int = 0  # live streams whose early pieces the final parse did not confirm (see streaming.py)
+    stream_keepalives: int = 0  # keep-alive events sent while a live stream had nothing else to send
     closed: bool = False
 
     def count_error(self, kind: str) -> None:

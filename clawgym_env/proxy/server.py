@@ -136,6 +136,7 @@ class ServingProxy:
         keep_closed: int = 1024,
         guards: ProxyGuards | None = None,
         live_streaming: bool = True,
+        stream_keepalive_s: float = 10.0,
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("ServingProxy needs somewhere to listen: a unix_socket path (or 'auto') and/or a port")
@@ -147,6 +148,7 @@ class ServingProxy:
         self._port_arg = port
         self.engine_timeout_s = engine_timeout_s
         self.live_streaming = live_streaming
+        self.stream_keepalive_s = stream_keepalive_s  # a live stream silent this long gets a keep-alive event
         self.endpoint = ProxyEndpoint(host=host, port=port, public_url=public_url)
         self._rollouts: dict[str, RolloutState] = {}
         self.keep_closed = keep_closed
@@ -779,6 +781,7 @@ class ServingProxy:
             plan.request_id,
             request.receive,
             loop.time() + self.engine_timeout_s,
+            tick_s=self.stream_keepalive_s / 2,
         )
         try:
             first = await feed.next()
@@ -798,10 +801,15 @@ class ServingProxy:
         async def pump(send: Callable[[bytes], Awaitable[None]]) -> None:
             try:
                 await send(b"".join(writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))))
+                last_sent = loop.time()
                 while (chunk := await feed.next()) is not None:
                     events = _write(writer, splitter.feed(chunk.token_ids))
+                    if not events and self.stream_keepalive_s and loop.time() - last_sent >= self.stream_keepalive_s:
+                        events = writer.keepalive()  # text held back (a tool call being generated): say we live
+                        state.stats.stream_keepalives += 1
                     if events:
                         await send(b"".join(events))
+                        last_sent = loop.time()
                 generation = feed.generation()
                 parsed = self._account(state, call, plan, generation, t0)
                 rest, calls, agrees = splitter.finish(parsed)

@@ -65,8 +65,9 @@ class TokenFeed:
         request_id: str,
         receive: Callable[[], Awaitable[dict[str, Any]]],
         deadline: float,
+        tick_s: float = 0.0,
     ) -> None:
-        self.engine, self.request_id, self.deadline = engine, request_id, deadline
+        self.engine, self.request_id, self.deadline, self.tick_s = engine, request_id, deadline, tick_s
         self.chunks: list[TokenChunk] = []  # as the engine gave them (the recorded generation)
         self.finished = False  # next() returns None from now on
         self._iter: AsyncIterator[TokenChunk] = stream_tokens(engine, prompt_ids, sampling, request_id)
@@ -74,12 +75,14 @@ class TokenFeed:
         self._ended = False  # the engine's stream is over (finished, failed or exhausted)
         self._error: BaseException | None = None
         self._timed_out = False
+        self._ticked = False
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._pump = asyncio.ensure_future(self._read())
         self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         self._watcher.add_done_callback(lambda _: self._wake.set())
         self._timer = loop.call_at(deadline, self._time_out)
+        self._tick = loop.call_later(tick_s, self._on_tick) if tick_s > 0 else None
 
     def generation(self) -> Generation:
         return collect(self.chunks)
@@ -87,6 +90,11 @@ class TokenFeed:
     def _time_out(self) -> None:
         self._timed_out = True
         self._wake.set()
+
+    def _on_tick(self) -> None:
+        self._ticked = True
+        self._wake.set()
+        self._tick = asyncio.get_running_loop().call_later(self.tick_s, self._on_tick)
 
     async def _read(self) -> None:
         try:
@@ -103,7 +111,8 @@ class TokenFeed:
 
     async def next(self) -> TokenChunk | None:
         """What was decoded since the last call (one chunk), or None once the stream is over; raises
-        StreamStopped with the partial generation."""
+        StreamStopped with the partial generation. With `tick_s`, an empty chunk every `tick_s` seconds
+        (the caller's chance to send a keep-alive)."""
         if self.finished:
             return None
         while True:
@@ -124,13 +133,21 @@ class TokenFeed:
                         "engine", partial if isinstance(partial, Generation) else None, self._error
                     ) from self._error
                 return None
+            if self._ticked:
+                self._ticked = False
+                return TokenChunk([], [])
             self._wake.clear()
             await self._wake.wait()
+
+    def _cancel_timers(self) -> None:
+        self._timer.cancel()
+        if self._tick is not None:
+            self._tick.cancel()
 
     async def _stop(self) -> Generation:
         """Stop the engine; an engine with abort() finishes the stream with what it generated (finish "abort")."""
         self.finished = True
-        self._timer.cancel()
+        self._cancel_timers()
         if not self._ended and can_abort(self.engine) and self.engine.abort(self.request_id):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._pump), timeout=5)  # reads up to the abort chunk
@@ -138,7 +155,7 @@ class TokenFeed:
         return collect(self.chunks, "abort")
 
     async def aclose(self) -> None:
-        self._timer.cancel()
+        self._cancel_timers()
         self._watcher.cancel()
         if not self._pump.done():
             self._pump.cancel()

@@ -386,3 +386,42 @@ async def test_a_fast_engine_still_notices_the_client_leaving(proxy, tokenizer, 
         await asyncio.sleep(0.05)
     [call] = proxy.close_rollout("fast")
     assert call.error.startswith("client_disconnected") and 0 < len(call.generated_ids) < 20_000
+
+
+# --------------------------------------------------------------------------- keep-alive while text is held
+BARE_JSON_CALL = '{"name": "write", "arguments": {"path": "notes.txt", "content": "' + "word " * 40 + '"}}'
+
+
+@pytest.mark.parametrize("api", ["anthropic", "chat"])
+async def test_a_stream_holding_back_a_tool_call_sends_keepalives(tmp_path, tokenizer, renderer, api):
+    """A bare-JSON tool call (Qwen2.5-Coder's habit) can only go out once the generation ends; meanwhile the
+    stream is silent for as long as the model writes it (minutes for a long file on a CPU). The proxy sends
+    the API's keep-alive (Anthropic `ping` events, an SSE comment for OpenAI) every `stream_keepalive_s` of
+    silence, counted per rollout; the answer is unchanged."""
+    from clawgym_env.proxy import ServingProxy
+
+    engine = ScriptedTestEngine(tokenizer, [BARE_JSON_CALL], token_delay_s=0.02)  # ~60 tokens: ~1.2 s of silence
+    proxy = ServingProxy(tmp_path / "run", port=0, stream_keepalive_s=0.2)
+    await proxy.start()
+    try:
+        route = proxy.open_rollout(api, Policy(engine=engine, renderer=renderer, name="policy"))
+        headers = {"x-api-key": route.api_key, "authorization": f"Bearer {route.api_key}"}
+        if api == "anthropic":
+            path = "/v1/messages"
+            body = {"model": "m", "max_tokens": 500, "stream": True, "tools": TOOLS_ANTHROPIC}
+        else:
+            path = "/v1/chat/completions"
+            body = {"model": "m", "stream": True, "tools": TOOLS_CHAT}
+        body["messages"] = [{"role": "user", "content": "write the notes"}]
+        async with httpx.AsyncClient(base_url=proxy.base_url(route), timeout=30) as client:
+            async with client.stream("POST", path, json=body, headers=headers) as response:
+                assert response.status_code == 200
+                raw = b"".join([part async for part in response.aiter_bytes()]).decode()
+        stats = proxy.stats(api)
+        proxy.close_rollout(api)
+    finally:
+        await proxy.stop()
+    keepalives = raw.count("event: ping") - 1 if api == "anthropic" else raw.count(": keep-alive\n\n")
+    assert keepalives >= 2 and stats.stream_keepalives == keepalives  # (the Messages API also pings once at start)
+    assert '"name":"write"' in raw.replace(" ", "") and "notes.txt" in raw  # the call itself, at the end
+    assert raw.rstrip().endswith("[DONE]") if api == "chat" else "message_stop" in raw

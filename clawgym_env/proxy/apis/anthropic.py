@@ -272,6 +272,9 @@ class AnthropicEvents(EventWriter):
     def error(self, message: str) -> list[bytes]:
         return [sse({"type": "error", "error": {"type": "api_error", "message": message}}, "error")]
 
+    def keepalive(self) -> list[bytes]:
+        return [sse({"type": "ping"}, "ping")]  # the Messages API's own keep-alive event
+
 
 class CountTokensAdapter(AnthropicAdapter):
     request_model = CountTokensRequest

@@ -134,6 +134,11 @@ class EventWriter(ABC):
     def error(self, message: str) -> list[bytes]:
         """An error event after the stream has started (the status line, 200, is already sent)."""
 
+    def keepalive(self) -> list[bytes]:
+        """Sent while nothing else can go out for a while (text held back in a tool call being generated):
+        an SSE comment line, which every SSE client skips; APIs with a ping event of their own override it."""
+        return [b": keep-alive\n\n"]
+
 
 def content_text(content: Any, param: str, allowed: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:
     """Plain text of a content value: a string, or a list of parts whose text parts are joined."""
