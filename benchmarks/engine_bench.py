@@ -154,8 +154,9 @@ async def rollouts(engine, tokenizer, n: int, calls: int, prompt_tokens: int, ne
 
 
 def recorded_rollouts(path: str, n: int) -> list[list[tuple[list[int], int]]]:
-    """The first `n` rollouts (in recording order) of a run's calls.jsonl that completed every call: each a
-    list of (prompt ids, generated length), in call order."""
+    """The first `n` rollouts (in recording order) of a run's calls.jsonl: each a list of (prompt ids,
+    generated length) of its calls that generated, in call order (a call the proxy refused, such as one past
+    the rollout's call cap, generated nothing and is left out)."""
     calls: dict[str, list[dict]] = {}
     with open(path) as f:
         for line in f:
@@ -164,11 +165,12 @@ def recorded_rollouts(path: str, n: int) -> list[list[tuple[list[int], int]]]:
     out = []
     for rollout in calls.values():
         rollout.sort(key=lambda c: c["call_index"])
-        if all(c["generated_ids"] and not c.get("error") for c in rollout):
-            out.append([(c["prompt_ids"], len(c["generated_ids"])) for c in rollout])
+        generated = [(c["prompt_ids"], len(c["generated_ids"])) for c in rollout if c["generated_ids"]]
+        if generated:
+            out.append(generated)
         if len(out) == n:
             return out
-    raise SystemExit(f"{path} holds only {len(out)} complete rollouts, fewer than the {n} asked for")
+    raise SystemExit(f"{path} holds only {len(out)} rollouts that generated, fewer than the {n} asked for")
 
 
 async def replay(engine, recorded: list[list[tuple[list[int], int]]]) -> tuple[float, int]:

@@ -17,17 +17,21 @@ def write_calls(path, rollouts):
                 f.write(json.dumps({**row, "error": error}) + "\n")
 
 
-def test_replay_takes_complete_rollouts_in_call_order_and_regenerates_their_lengths(tmp_path, tiny_model, qwen_tok):
+def test_replay_takes_the_calls_that_generated_in_order_and_regenerates_their_lengths(tmp_path, tiny_model, qwen_tok):
     calls = tmp_path / "calls.jsonl"
     rows = {
-        "failed": [([1, 2, 3], [], "engine: boom")],
-        "a": [([10, 11, 12], [5, 6], None), ([10, 11, 12, 5, 6, 7], [8, 9, 10], None)],
+        "failed": [([1, 2, 3], [], "engine: boom")],  # generated nothing: left out
+        "a": [
+            ([10, 11, 12], [5, 6], None),
+            ([10, 11, 12, 5, 6, 7], [8, 9, 10], None),
+            ([10, 11, 12, 5, 6, 7, 8, 9, 10, 11], [], "call_cap: refused"),  # past the call cap: left out
+        ],
         "b": [([20, 21], [4], None)],
     }
     write_calls(calls, rows)
     recorded = recorded_rollouts(str(calls), 2)
     assert recorded == [[([10, 11, 12], 2), ([10, 11, 12, 5, 6, 7], 3)], [([20, 21], 1)]]
-    with pytest.raises(SystemExit, match="only 2 complete rollouts"):
+    with pytest.raises(SystemExit, match="only 2 rollouts that generated"):
         recorded_rollouts(str(calls), 3)
 
     every_token = range(len(qwen_tok))  # as end tokens: without ignore_eos each call would stop after one
