@@ -52,11 +52,14 @@ def device_defaults(cpu: bool) -> dict[str, Any]:
     On CPU `gpu_memory_utilization` is the share of the machine's RAM vLLM reserves (0.92 by default,
     refused on any shared machine), so the KV cache gets a fixed size (`CPU_KV_CACHE_BYTES`) instead; an explicit size with eager
     execution also skips vLLM's warm-up pass. Eager mode avoids minutes of torch.compile on a few cores
-    (decode on CPU is bound by the matmuls, not by Python overhead). On GPU vLLM's own defaults stand
-    (CUDA graphs, compile cache under `VLLM_CACHE_ROOT`).
+    (decode on CPU is bound by the matmuls, not by Python overhead). Chunked prefill is off on CPU: vLLM
+    0.32's CPU worker crashes the whole engine ("CPU Generator does not use offset") when a request with a
+    `seed` has its prompt split over several steps (it rewinds the request's random generator, which CPU
+    generators cannot do); whole prompts per step avoid it. On GPU vLLM's own defaults stand (CUDA graphs,
+    compile cache under `VLLM_CACHE_ROOT`).
     """
     if cpu:
-        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True}
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True, "enable_chunked_prefill": False}
     return {}
 
 

@@ -133,7 +133,8 @@ class VLLMServer:
         from clawgym_env.engines.vllm_engine import CPU_KV_CACHE_BYTES, on_cpu
 
         if on_cpu():  # see vllm_engine.device_defaults
-            return ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES), "--enforce-eager"]
+            kv_bytes = str(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
+            return ["--kv-cache-memory-bytes", kv_bytes, "--enforce-eager", "--no-enable-chunked-prefill"]
         if kv_cache_memory_bytes:
             return ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
         return []

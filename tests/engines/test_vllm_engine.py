@@ -105,6 +105,25 @@ async def test_logprobs_match_teacher_forcing(engine, hf_model, chat_prompt):
 @pytest.mark.vllm
 @needs_vllm
 @pytest.mark.asyncio(loop_scope="module")
+async def test_seeded_requests_with_long_prompts_side_by_side_do_not_kill_the_engine(engine):
+    """8 concurrent seeded requests whose prompts together exceed one step's token budget: with chunked
+    prefill (vLLM's CPU default) a prompt split over steps made the CPU worker rewind the request's random
+    generator, which CPU generators cannot do, and the whole engine died ("CPU Generator does not use
+    offset"). The CPU defaults turn chunked prefill off; the same seeds still give the same samples."""
+    prompts = [[1000 + i] * 900 for i in range(8)]
+
+    async def run() -> list[list[int]]:
+        sampling = [SamplingParams(max_tokens=6, seed=i, ignore_eos=True) for i in range(8)]
+        gens = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sampling)))
+        return [g.token_ids for g in gens]
+
+    first = await run()
+    assert all(len(ids) == 6 for ids in first) and first == await run()
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.asyncio(loop_scope="module")
 async def test_stream_yields_the_generation_token_by_token(engine, chat_prompt):
     sampling = SamplingParams(max_tokens=24, seed=7)
     whole = await engine.generate(chat_prompt, sampling)
