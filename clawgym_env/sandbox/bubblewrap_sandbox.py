@@ -126,15 +126,7 @@ class LocalSandbox:
         """bwrap's options (they go through a memfd, see bwrap_args.py); the init's argv follows them."""
         b = self._backend
         args = [
-            "--unshare-all",
-            "--unshare-user",
-            "--uid",
-            "0",
-            "--gid",
-            "0",
-            "--disable-userns",
-            "--cap-drop",
-            "ALL",
+            *bwrap_args.ISOLATION,
             "--hostname",
             self.id,
             "--die-with-parent",

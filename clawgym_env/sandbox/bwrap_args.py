@@ -22,6 +22,9 @@ from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The namespaces and privileges of every sandbox: all namespaces new, root inside with no capabilities and
+# no further user namespaces. The host check at start-up (host_setup) runs a sandbox with exactly these.
+ISOLATION = ("--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--disable-userns", "--cap-drop", "ALL")
 SYSTEM_FOLDERS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "nix")
 PRIVATE_DIRS = ("/tmp", "/root", "/run")  # fresh sized tmpfs in every sandbox
 CODE_SHOWN = ("clawgym_env", "harness_adapters", "verifiers")  # what harnesses run from the checkout
