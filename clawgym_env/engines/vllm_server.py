@@ -524,10 +524,8 @@ class VLLMServerPool:
         if self._group is None or self._group_urls != [s.url for s in live]:  # membership changed: a new group
             await self._join_group(live)
         assert self._group is not None
-        receives = [
-            asyncio.create_task(self._rpc(s.url, "clawgym_receive_weights", manifest(tensors), str(version)))
-            for s in live
-        ]
+        specs = manifest(tensors)
+        receives = [asyncio.create_task(self._rpc(s.url, "clawgym_receive_weights", specs, str(version))) for s in live]
         try:
             await asyncio.to_thread(self._group.send, tensors)
         finally:
