@@ -111,8 +111,8 @@ class TokenFeed:
 
     async def next(self) -> TokenChunk | None:
         """What was decoded since the last call (one chunk), or None once the stream is over; raises
-        StreamStopped with the partial generation. With `tick_s`, an empty chunk every `tick_s` seconds
-        (the caller's chance to send a keep-alive)."""
+        StreamStopped with the partial generation. With `tick_s`, once the first tokens are out, an empty
+        chunk every `tick_s` seconds (the caller's chance to send a keep-alive)."""
         if self.finished:
             return None
         while True:
@@ -133,7 +133,7 @@ class TokenFeed:
                         "engine", partial if isinstance(partial, Generation) else None, self._error
                     ) from self._error
                 return None
-            if self._ticked:
+            if self._ticked and self._handed:  # not before the first tokens: until then nothing is sent
                 self._ticked = False
                 return TokenChunk([], [])
             self._wake.clear()

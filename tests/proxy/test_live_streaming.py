@@ -425,3 +425,31 @@ async def test_a_stream_holding_back_a_tool_call_sends_keepalives(tmp_path, toke
     assert keepalives >= 2 and stats.stream_keepalives == keepalives  # (the Messages API also pings once at start)
     assert '"name":"write"' in raw.replace(" ", "") and "notes.txt" in raw  # the call itself, at the end
     assert raw.rstrip().endswith("[DONE]") if api == "chat" else "message_stop" in raw
+
+
+async def test_keepalive_ticks_wait_for_the_first_tokens(tokenizer):
+    """The first `next()` is the engine's first tokens even when prefill outlasts several ticks: the proxy
+    answers a failure before them like a non-streamed call, so nothing may start the stream early."""
+    from clawgym_env.interfaces import SamplingParams
+    from clawgym_env.proxy.streaming import TokenFeed
+
+    class SlowStart(ScriptedTestEngine):  # a test double whose prefill takes 0.3 s
+        async def stream(self, prompt_ids, sampling, *, request_id=None):
+            await asyncio.sleep(0.3)
+            async for chunk in super().stream(prompt_ids, sampling, request_id=request_id):
+                yield chunk
+
+    async def never_disconnects() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    loop = asyncio.get_running_loop()
+    engine = SlowStart(tokenizer, ["hello there, world"], token_delay_s=0.1)
+    feed = TokenFeed(engine, [1, 2, 3], SamplingParams(max_tokens=20), "r", never_disconnects, loop.time() + 30, 0.05)
+    first = await feed.next()
+    assert first is not None and first.token_ids  # not an empty tick
+    ticks = 0
+    while (chunk := await feed.next()) is not None:
+        ticks += not chunk.token_ids
+    await feed.aclose()
+    assert ticks >= 1  # between later tokens (0.1 s apart) the 0.05 s ticks do come
