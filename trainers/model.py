@@ -93,8 +93,8 @@ def export_weights(model: nn.Module, full: bool = False) -> dict[str, torch.Tens
 
     A LoRA model exports only what training can change: the adapted layers with their adapters merged, and
     any other trainable parameter; its frozen base weights are those the engine started from (for
-    Qwen2.5-Coder-0.5B: 0.14 of the 2 GB, and the step's weight sync shrinks with it). `full=True` exports
-    every weight. Collective under FSDP: every rank must call it; rank 0 gets the full tensors on CPU, the
+    Qwen2.5-Coder-0.5B with adapters on q, k, v, o: 44 M of its 630 M parameters, so the weight sync
+    shrinks 14x). `full=True` exports every weight. Collective under FSDP: every rank must call it; rank 0 gets the full tensors on CPU, the
     others an empty dict.
     """
     if _is_fsdp(model):
