@@ -202,3 +202,26 @@ async def test_weight_update_changes_logprobs_and_bumps_version(engine, hf_model
         max_diff(after.logprobs, teacher_forced(hf_model, chat_prompt, after.token_ids)) < LOGPROB_TOLERANCE["float32"]
     )
     assert after.token_ids != before.token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_subset_update_keeps_the_weights_it_does_not_send(engine, hf_model, chat_prompt):
+    """Runs after the full update: the trainer's LoRA sync sends only the adapted layers (q, k, v, o). vLLM
+    warns that the rest was "not loaded from checkpoint"; those weights must stay as they were, so the
+    served logprobs are the teacher-forced ones of the whole updated model."""
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            if any(t in name for t in ("q_proj", "k_proj", "v_proj", "o_proj")):
+                param.mul_(0.8)
+    subset = {
+        k: v for k, v in hf_model.state_dict().items() if any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    }
+    assert 0 < len(subset) < len(hf_model.state_dict()) / 2
+    await engine.aupdate_weights(subset, 8)
+    after = await engine.generate(chat_prompt, SamplingParams(max_tokens=16, seed=6))
+    assert after.policy_version == 8
+    assert (
+        max_diff(after.logprobs, teacher_forced(hf_model, chat_prompt, after.token_ids)) < LOGPROB_TOLERANCE["float32"]
+    )
