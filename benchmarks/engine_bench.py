@@ -196,10 +196,12 @@ async def compare_engines(args) -> dict:
 
     results: dict = {"model": args.model, "concurrency": args.concurrency, "load_avg_1min": psutil.getloadavg()[0]}
     model, tokenizer = load_policy_model(args.model)
+    max_len = 4096
     if args.replay:
         recorded = recorded_rollouts(args.replay, args.concurrency)
         results["replayed_calls"] = sum(len(r) for r in recorded)
         results["replayed_prompt_tokens"] = sum(len(p) for r in recorded for p, _ in r)
+        max_len = max(max_len, *(len(p) + n + 16 for r in recorded for p, n in r))  # the longest recorded call
 
         def work(engine):
             return replay(engine, recorded)
@@ -209,9 +211,6 @@ async def compare_engines(args) -> dict:
         def work(engine):
             return rollouts(engine, tokenizer, **shape)
 
-    longest = max(args.prompt_tokens * 2, *(len(p) + n for r in recorded for p, n in r)) if args.replay else 4096
-    max_len = max(4096, longest + 16)
-    vllm_dtype = args.vllm_dtype
     base_rss = tree_rss_mb()
 
     t0 = time.perf_counter()
@@ -224,7 +223,7 @@ async def compare_engines(args) -> dict:
 
     for label in ("vllm_cold", "vllm_warm"):  # the second start finds vLLM's caches (.cache/vllm) filled
         t0 = time.perf_counter()
-        veng = VLLMEngine(args.model, dtype=vllm_dtype, max_model_len=max_len, max_num_seqs=args.concurrency)
+        veng = VLLMEngine(args.model, dtype=args.vllm_dtype, max_model_len=max_len, max_num_seqs=args.concurrency)
         results[f"{label}_start_s"] = time.perf_counter() - t0
         if label == "vllm_warm":
             wall, made = await work(veng)
@@ -237,7 +236,12 @@ async def compare_engines(args) -> dict:
 
     t0 = time.perf_counter()
     pool = await asyncio.to_thread(
-        VLLMServerPool.launch, args.model, 1, dtype=vllm_dtype, max_model_len=max_len, max_batch_size=args.concurrency
+        VLLMServerPool.launch,
+        args.model,
+        1,
+        dtype=args.vllm_dtype,
+        max_model_len=max_len,
+        max_batch_size=args.concurrency,
     )
     results["server_start_s"] = time.perf_counter() - t0
     try:

@@ -25,7 +25,7 @@ import itertools
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,13 +112,21 @@ class ClawGymWorkerExtension:
         # reload_weights, not model.load_weights: after loading, vLLM repacks some weights into kernel layouts
         # (on CPU the linear layers' weights are left empty); its in-place reload restores the checkpoint
         # layout, loads, and processes the layers again.
-        counted = _Counted(tensors)
-        self.model_runner.reload_weights(weights_iterator=iter(counted), is_checkpoint_format=True)  # type: ignore[attr-defined]
-        for _ in counted:  # a broadcast must be received to its end, whatever the loader took
+        loaded = 0
+
+        def counted() -> Iterator[tuple[str, Any]]:
+            nonlocal loaded
+            for pair in tensors:
+                loaded += 1
+                yield pair
+
+        pairs = counted()
+        self.model_runner.reload_weights(weights_iterator=pairs, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        for _ in pairs:  # a broadcast must be received to its end, whatever the loader took
             pass
         self._clawgym_retie_head()
         self.clawgym_policy_version = int(version)
-        return counted.n
+        return loaded
 
     def _clawgym_retie_head(self) -> None:
         """A tied head (lm_head = embed_tokens) must follow the new embedding.
@@ -170,21 +178,6 @@ class ClawGymWorkerExtension:
 
     def clawgym_get_policy_version(self) -> int:
         return int(getattr(self, "clawgym_policy_version", 0))
-
-
-class _Counted:
-    """An iterator over (name, tensor) pairs that counts what it gave out."""
-
-    def __init__(self, pairs: Iterable[tuple[str, Any]]) -> None:
-        self._it, self.n = iter(pairs), 0
-
-    def __iter__(self) -> _Counted:
-        return self
-
-    def __next__(self) -> tuple[str, Any]:
-        pair = next(self._it)
-        self.n += 1
-        return pair
 
 
 def dedup_tied(state_dict: Mapping[str, Any], dtype: Any = None) -> dict[str, Any]:

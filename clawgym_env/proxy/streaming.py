@@ -67,7 +67,7 @@ class TokenFeed:
         deadline: float,
         tick_s: float = 0.0,
     ) -> None:
-        self.engine, self.request_id, self.deadline, self.tick_s = engine, request_id, deadline, tick_s
+        self.engine, self.request_id, self.tick_s = engine, request_id, tick_s
         self.chunks: list[TokenChunk] = []  # as the engine gave them (the recorded generation)
         self.finished = False  # next() returns None from now on
         self._iter: AsyncIterator[TokenChunk] = stream_tokens(engine, prompt_ids, sampling, request_id)
