@@ -213,6 +213,7 @@ def _evaluation_arguments(cfg: Any, checkpoint: Path | None, seed: int) -> dict[
         "model": cfg.model.name,
         "weights_seed": cfg.model.seed,
         "dtype": cfg.model.dtype,
+        "engine": cfg.engine.model_dump(),  # where it is served: a vLLM evaluation (bf16 on CPU) is not a transformers one
         "engine_seed": seed,
         "checkpoint": _file_identity(checkpoint),
     }

@@ -214,22 +214,28 @@ def train_one(config: CompareConfig, env_id: str, run_dir: Path, train_fn: Train
 def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
     """The starting policy of a TrainConfig, or the trained one from a checkpoint the trainer saved.
 
-    Built as the trainer builds its transformers engine (same model, seed, dtype, engine options); the trained
-    weights go in through `engine.update_weights`, as during training (LoRA adapters merged).
+    Served by the engine the config names (`cfg.engine`: transformers, vllm, vllm_server, remote), built as the
+    trainer builds its rollout engine, so a policy is evaluated where it was trained and a vLLM run's held-out
+    rollouts go as fast as its training rollouts. The trained weights go in through `engine.update_weights`, as
+    during training (a LoRA policy sends its adapted layers, merged).
     """
     import torch
 
-    from clawgym_env.engines.transformers_engine import TransformersEngine
     from clawgym_env.interfaces import Policy
     from clawgym_env.proxy import ChatMLRenderer
+    from trainers.loop import build_engine
     from trainers.model import apply_lora, export_weights, load_model
 
     dtype = getattr(torch, cfg.model.dtype)
     model, tokenizer = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)
-    model.eval()
-    # evaluation always serves from an in-process transformers engine (whatever engine trained)
-    options = cfg.engine.options if cfg.engine.kind == "transformers" else {}
-    engine = TransformersEngine(model, tokenizer, seed=cfg.seed, **options)
+    model.eval().requires_grad_(False)
+    if cfg.engine.kind == "transformers":  # serve the loaded model itself: nothing trains it here
+        from clawgym_env.engines.transformers_engine import TransformersEngine
+
+        engine: Any = TransformersEngine(model, tokenizer, seed=cfg.seed, **cfg.engine.options)
+    else:
+        engine = build_engine(cfg, model, tokenizer)
+        del model
     if checkpoint is not None:
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)
         trained = apply_lora(load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)[0], cfg.model.lora)

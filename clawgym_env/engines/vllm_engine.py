@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clawgym_env.engines.blocking import run_on_engine_loop
+from clawgym_env.engines.blocking import LoopBoundWeights
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 VLLM_MISSING = (
@@ -223,7 +223,7 @@ class VLLMEngineStats:
     weight_update_s: float = 0.0
 
 
-class VLLMEngine:
+class VLLMEngine(LoopBoundWeights):
     """vLLM's AsyncLLM behind the `InferenceEngine` protocol."""
 
     def __init__(
@@ -302,7 +302,7 @@ class VLLMEngine:
 
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
-        self._loop = asyncio.get_running_loop()
+        await self._bind_loop()
         await self._resume.wait()  # a weight update is in progress
         kwargs = vllm_sampling_kwargs(sampling)
         if self.extra_stop_ids and not sampling.ignore_eos:
@@ -382,12 +382,6 @@ class VLLMEngine:
             self.stats.weight_update_s += time.perf_counter() - started
         finally:
             self._resume.set()
-
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Synchronous form for trainer threads; inside the event loop use `await aupdate_weights(...)`."""
-        run_on_engine_loop(
-            self._loop, lambda: self.aupdate_weights(state_dict, version), "await engine.aupdate_weights(...)"
-        )
 
     def close(self) -> None:
         self.llm.shutdown()

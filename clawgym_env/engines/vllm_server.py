@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import httpx
 
-from clawgym_env.engines.blocking import run_on_engine_loop
+from clawgym_env.engines.blocking import LoopBoundWeights
 from clawgym_env.engines.remote_engine import RemoteEngine
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
@@ -212,7 +212,7 @@ class PoolStats:
     broadcast_failures: int = 0  # broadcast updates that fell back to the disk checkpoint
 
 
-class VLLMServerPool:
+class VLLMServerPool(LoopBoundWeights):
     """One `InferenceEngine` over N vLLM servers (see the module docstring for routing and versions)."""
 
     def __init__(
@@ -359,7 +359,7 @@ class VLLMServerPool:
         """Route one call and hold its server: (the server, the policy version it serves). The server must
         serve at least the version the trainer last pushed; a failure inside is counted and, when it is the
         server's fault (unreachable, or its version changed during the call), the server is lost."""
-        self._loop = asyncio.get_running_loop()
+        await self._bind_loop()
         await self._resume.wait()  # a weight update is in progress
         self.stats.calls += 1
         try:
@@ -535,12 +535,6 @@ class VLLMServerPool:
             if response.status_code != 200:
                 raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
             slot.recent.clear()
-
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Blocking form for a trainer thread; inside the pool's event loop use `await aupdate_weights(...)`."""
-        run_on_engine_loop(
-            self._loop, lambda: self.aupdate_weights(state_dict, version), "await pool.aupdate_weights(...)"
-        )
 
     async def aclose(self) -> None:
         for slot in self.slots:

@@ -3,6 +3,7 @@ the pi CLI), the trained policies rebuilt from their checkpoints, evaluated with
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import torch
 
 import clawgym_env
 from clawgym_cli.compare import BASELINE, CompareConfig, ComparisonReport, build_policy, compare, train_config
+from clawgym_env.engines.vllm_engine import VLLM_MISSING, vllm_available
 from evaluation import GroupStats, Interval
 
 WB, PI = "trained in WhiteBox", "trained in Pi"
@@ -175,3 +177,53 @@ def test_compare_command(tmp_path: Path) -> None:
     assert "evaluated in ClaudeCode" in proc.stdout and "trained in ClaudeCode" in proc.stdout
     report = ComparisonReport.load(tmp_path / "comparison.json")
     assert all(report.cells[p]["ClaudeCode"].rollouts == 2 for p in report.policies)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING)
+def test_a_trained_policy_is_served_by_the_engine_it_was_trained_with(tmp_path: Path) -> None:
+    """`engine=vllm`: the evaluated policy is an in-process vLLM engine that serves the checkpoint's weights
+    (a LoRA checkpoint sends only its adapted layers), not a transformers copy; its logprobs equal a
+    teacher-forced pass of the trained model within vLLM's float32 tolerance, and differ from the start's."""
+    from clawgym_env.engines.vllm_engine import VLLMEngine
+    from clawgym_env.interfaces import SamplingParams
+    from trainers.main import compose
+    from trainers.model import LoraSettings, apply_lora, load_model
+
+    cfg = compose(
+        [
+            "model.name=tiny-qwen3-h64",
+            "model.lora.enabled=true",
+            "engine=vllm",
+            "+engine.options.dtype=float32",
+            "+engine.options.max_model_len=512",
+            f"+engine.options.kv_cache_memory_bytes={32 * 2**20}",
+            f"run_dir={tmp_path / 'run'}",
+        ]
+    )
+    trained = apply_lora(load_model("tiny-qwen3-h64")[0], LoraSettings(enabled=True))
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    checkpoint = tmp_path / "latest.pt"
+    torch.save({"model": trained.state_dict(), "step": 3}, checkpoint)
+    merged = trained.merge_and_unload().eval()
+
+    policy = build_policy(cfg, checkpoint)
+    try:
+        assert isinstance(policy.engine, VLLMEngine) and policy.engine.policy_version == 3
+        prompt = policy.renderer.tokenizer.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
+        gen = asyncio.run(policy.engine.generate(prompt, SamplingParams(max_tokens=12, seed=0, ignore_eos=True)))
+        with torch.no_grad():
+            logits = merged(torch.tensor([prompt + gen.token_ids])).logits[0].float()
+            start_logits = load_model("tiny-qwen3-h64")[0](torch.tensor([prompt + gen.token_ids])).logits[0].float()
+        at = slice(len(prompt) - 1, len(prompt) - 1 + len(gen.token_ids))
+        ids = torch.tensor(gen.token_ids)
+        want = torch.log_softmax(logits[at], -1)[torch.arange(len(ids)), ids]
+        start = torch.log_softmax(start_logits[at], -1)[torch.arange(len(ids)), ids]
+        got = torch.tensor(gen.logprobs)
+        assert (got - want).abs().max() < 1e-4  # tests/engines/test_vllm_engine.py's float32 tolerance
+        assert (got - start).abs().max() > 1e-2  # and the checkpoint really changed what it serves
+    finally:
+        policy.engine.close()
