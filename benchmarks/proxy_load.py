@@ -15,6 +15,10 @@ Three kinds of process, so the numbers say what the proxy costs and not what its
   calls of an append-only tool-calling conversation (a ~2 kB system prompt, 4 tools); the SSE body is read
   chunk by chunk and parsed event by event as an SDK would, so the driver keeps working when the proxy
   streams deltas as they are generated; each call's latency is to the end of its stream;
+- the ceiling (`BareServer`, in the proxy process): the proxy's own uvicorn set-up serving an app that only
+  reads each request and answers the bytes the proxy answered earlier, driven by the same client. Its calls
+  per CPU-second bound what any proxy on this HTTP stack could reach here, so the gap to it is the proxy's own
+  work (rendering, parsing, recording), not the server or the client;
 - this driver: spawns both, sends commands on the proxy's stdin, and prints one row per level.
 
 Added latency = the client's latency through the proxy - the engine's own latency called directly, at the
@@ -149,6 +153,83 @@ async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, samplin
     return {"calls": len(latencies), "latencies": latencies, "wall_s": time.perf_counter() - start}
 
 
+class BareServer:
+    """The ceiling: the proxy's own uvicorn set-up (same protocol class, guards included, same loop) serving an
+    ASGI app that reads the request body and answers with bytes the proxy sent earlier, in one `send`.
+
+    It renders, generates and records nothing, so its calls per CPU-second bound what any proxy on this HTTP
+    stack can reach on this machine with this client; the answers are the real proxy's captured SSE bodies
+    (one per turn of a rollout), so the client parses the same events and sends the same next requests."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.served = 0
+        self.server: Any = None
+        self.port = 0
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:  # the whole request body, as the proxy reads it
+            message = await receive()
+            more = message.get("more_body", False)
+        body = self.answers[self.served % len(self.answers)]
+        self.served += 1
+        headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def start(self) -> None:
+        import uvicorn
+
+        from clawgym_env.proxy.guards import GuardState, ProxyGuards, protocol_for
+
+        config = uvicorn.Config(
+            self.app,
+            interface="asgi3",
+            host="127.0.0.1",
+            port=0,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            http=protocol_for(GuardState(ProxyGuards())),
+        )
+        self.server = uvicorn.Server(config)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            await asyncio.sleep(0.005)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+
+async def capture_answers(port: int, proxy: Any, policy: Any, calls: int) -> list[bytes]:
+    """One rollout of the client's conversation through the real proxy: the raw SSE body of each answer."""
+    import httpx
+
+    from clawgym_env.interfaces import RolloutLimits
+
+    route = proxy.open_rollout("capture", policy, RolloutLimits(max_calls=calls + 1))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Task x"}]
+    answers = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}{route.path_prefix}") as http:
+        for _ in range(calls):
+            request = {"model": "policy", "stream": True, "tools": TOOLS, "messages": messages}
+            response = await http.post(
+                "/v1/chat/completions", json=request, headers={"authorization": f"Bearer {route.api_key}"}
+            )
+            answers.append(response.content)
+            events = [line[6:].encode() for line in response.text.split("\n") if line.startswith("data: ")]
+            message = message_from_events(events)
+            messages.append(message)
+            for call in message.get("tool_calls") or ():
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt c.txt"})
+            if not message.get("tool_calls"):
+                messages.append({"role": "user", "content": "go on"})
+    proxy.close_rollout("capture")
+    return [b"%x\r\n%s\r\n0\r\n\r\n" % (len(a), a) for a in answers]  # one chunk, then the last
+
+
 async def serve(args: argparse.Namespace) -> None:
     """The proxy process: JSON commands on stdin, one JSON answer line each on stdout."""
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
@@ -185,6 +266,7 @@ async def serve(args: argparse.Namespace) -> None:
     def fsyncs_now() -> int:
         return getattr(getattr(proxy, "_group", None), "fsyncs", 0)
 
+    bare: BareServer | None = None
     answer({"port": proxy.endpoint.port, "pid": os.getpid(), "loop": type(loop).__module__})
     while line := await reader.readline():
         cmd = orjson.loads(line)
@@ -231,11 +313,23 @@ async def serve(args: argparse.Namespace) -> None:
         elif cmd["cmd"] == "direct":
             sampling = SamplingParams(max_tokens=1024, stop_token_ids=tuple(policy.renderer.stop_token_ids))
             answer(await direct_baseline(engine, prompts, cmd["n"], sampling))
+        elif cmd["cmd"] == "bare":  # the ceiling (BareServer), in this same process, answering captured bytes
+            if bare is None:
+                bare = BareServer(await capture_answers(proxy.endpoint.port, proxy, policy, cmd["calls"]))
+                await bare.start()
+            bare.served = 0
+            cpu_at_open = time.process_time()
+            answer({"port": bare.port})
+        elif cmd["cmd"] == "bare_done":
+            answer({"calls": bare.served if bare else 0, "cpu_s": time.process_time() - cpu_at_open})
         elif cmd["cmd"] == "stats":
             answer({"rss_mb": rss_mb(), "open_fds": len(os.listdir("/proc/self/fd")), **lag.take()})
         elif cmd["cmd"] == "quit":
             break
     lag_task.cancel()
+    if bare is not None:
+        bare.server.should_exit = True
+        await bare._task
     await proxy.stop()
 
 
@@ -394,24 +488,34 @@ class ProxyProcess:
                 self.proc.wait()
 
 
-def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: int, work: Path) -> dict[str, Any]:
-    """`rollouts` rollouts of `calls` streamed calls, `n` at a time, split over `clients` client processes."""
-    clients = max(1, min(clients, n))
-    routes = proxy.ask("open", n=rollouts, calls=calls)["routes"]
+def drive_clients(port: int, routes: list[Any], n: int, calls: int, clients: int, work: Path) -> list[dict[str, Any]]:
+    """Run the client processes over `routes`, `n` rollouts at a time in all; their result lines."""
     procs = []
     for i in range(clients):
         path = work / f"routes-{n}-{i}.json"
         path.write_bytes(orjson.dumps(routes[i::clients]))
         share = n // clients + (1 if i < n % clients else 0)
-        cmd = [sys.executable, "-m", "benchmarks.proxy_load", "client", "--port", str(proxy.port)]
+        cmd = [sys.executable, "-m", "benchmarks.proxy_load", "client", "--port", str(port)]
         cmd += ["--routes", str(path), "--concurrency", str(share), "--calls", str(calls)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
     results = []
     for p in procs:
         out, _ = p.communicate(timeout=600)
         results.append(orjson.loads(out.splitlines()[-1]))
+    return results
+
+
+def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: int, work: Path) -> dict[str, Any]:
+    """`rollouts` rollouts of `calls` streamed calls, `n` at a time, split over `clients` client processes;
+    then the same client against the bare server (the ceiling) and the engine called directly."""
+    clients = max(1, min(clients, n))
+    routes = proxy.ask("open", n=rollouts, calls=calls)["routes"]
+    results = drive_clients(proxy.port, routes, n, calls, clients, work)
     closed = proxy.ask("close")
     direct = proxy.ask("direct", n=n)
+    bare_results = drive_clients(proxy.ask("bare", calls=calls)["port"], routes, n, calls, clients, work)
+    bare = proxy.ask("bare_done")
+    bare_latencies = [x for r in bare_results for x in r["latencies"]]
     latencies = [x for r in results for x in r["latencies"]]
     errors = [e for r in results for e in r["errors"]]
     wall = max(r["wall_s"] for r in results)
@@ -426,6 +530,12 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "proxy_cpu_ms_per_call": 1e3 * closed["cpu_s"] / max(len(latencies), 1),
         "proxy_calls_per_cpu_s": len(latencies) / closed["cpu_s"] if closed["cpu_s"] else float("nan"),
         "direct_calls_per_s": direct["calls"] / direct["wall_s"],
+        "bare_calls_per_s": len(bare_latencies) / max(r["wall_s"] for r in bare_results),
+        "bare_calls_per_cpu_s": bare["calls"] / bare["cpu_s"] if bare["cpu_s"] else float("nan"),
+        "bare_median_ms": 1e3 * statistics.median(bare_latencies),
+        "bare_calls": bare["calls"],
+        "bare_errors": sum(len(r["errors"]) for r in bare_results),
+        "client_cpu_ms_per_call": 1e3 * sum(r["cpu_s"] for r in results) / max(len(latencies), 1),
         "proxy_median_ms": 1e3 * p_med,
         "direct_median_ms": 1e3 * d_med,
         "added_median_ms": 1e3 * (p_med - d_med),
@@ -452,7 +562,8 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
 def format_row(r: dict[str, Any]) -> str:
     return (
         f"N={r['n']:>4} calls={r['calls']:>5} errors={r['errors']} | calls/s proxy {r['proxy_calls_per_s']:7.0f} "
-        f"direct {r['direct_calls_per_s']:8.0f} | per proxy CPU-s {r['proxy_calls_per_cpu_s']:6.0f} | added median {r['added_median_ms']:7.2f} ms p99 "
+        f"direct {r['direct_calls_per_s']:8.0f} bare {r['bare_calls_per_s']:6.0f} | per CPU-s proxy "
+        f"{r['proxy_calls_per_cpu_s']:6.0f} bare {r['bare_calls_per_cpu_s']:6.0f} | bare median {r['bare_median_ms']:.2f} ms | added median {r['added_median_ms']:7.2f} ms p99 "
         f"{r['added_p99_ms']:8.2f} ms | handler p50 {r['handler_p50_ms']:.2f} ms | loop lag p99 "
         f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | GC full {r['gc_full_passes']} max "
         f"{r['gc_full_max_ms']:.0f} ms | RSS {r['proxy_rss_mb']:.0f} MB "

@@ -2,7 +2,8 @@
 the proxy in its own process serving a fast engine double, the rollouts driven from a client process over
 real loopback HTTP, each rollout on its own route and key, its SSE answers read event by event.
 
-Asserted: no call fails or drifts, the proxy's connection guards refused nothing, and its RSS after a
+Asserted: no call fails or drifts, the bare-server ceiling (the same client, the proxy's captured answers)
+served every call, the proxy's connection guards refused nothing, and its RSS after a
 second identical round is within a bound of the first (nothing kept per rollout or per connection).
 """
 
@@ -27,6 +28,9 @@ def check(rows: list[dict], n: int, calls: int, rss_bound_mb: float) -> None:
         assert row["calls"] == n * calls
         assert row["guards"]["peer_refusals"] == 0 and row["guards"]["header_timeouts"] == 0
         assert row["proxy_calls_per_s"] > 0 and row["added_median_ms"] == row["added_median_ms"]  # not NaN
+        # the ceiling: the same client against a bare server answering the proxy's captured bytes parsed every
+        # answer as a proxy answer (the conversation went on) and was served every call
+        assert row["bare_errors"] == 0 and row["bare_calls"] == n * calls and row["bare_calls_per_cpu_s"] > 0
     assert rows[1]["proxy_rss_mb"] - rows[0]["proxy_rss_mb"] < rss_bound_mb, [r["proxy_rss_mb"] for r in rows]
 
 
