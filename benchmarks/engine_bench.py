@@ -36,6 +36,7 @@ from clawgym_env.engines.models import load_policy_model
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.engines.transformers_engine import TransformersEngine
 from clawgym_env.interfaces import SamplingParams
+from trainers.process_memory import tree_rss_mb
 
 
 def make_prompt(tokenizer, n_tokens: int, salt: int = 0) -> list[int]:
@@ -117,21 +118,6 @@ async def bench(args) -> dict:
     for e in (eng, serial, batched, cached):
         e.close()
     return results
-
-
-def tree_rss_mb(pid: int | None = None) -> float:
-    """Resident memory of a process and its children (vLLM's engine-core and server processes)."""
-    import psutil
-
-    proc = psutil.Process(pid)
-    procs = [proc, *proc.children(recursive=True)]
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
 
 
 async def rollouts(engine, tokenizer, n: int, calls: int, prompt_tokens: int, new_tokens: int) -> tuple[float, int]:

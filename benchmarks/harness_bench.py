@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from clawgym_env.rollout import run_rollout  # noqa: E402
 from clawgym_env.serving_stack import serving_stack  # noqa: E402
 from clawgym_env.specs import EnvOptions, TaskSpec  # noqa: E402
 from harness_adapters.health import health_verifier, health_write_call, make_adapter  # noqa: E402
+from trainers.process_memory import TreeSampler  # noqa: E402
 
 HARNESSES = ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox")
 # Earlier tries without gain (docs/harnesses.md): --local-model-lean; OPENCLAW_SKIP_CHANNELS and friends.
@@ -41,43 +41,12 @@ OPENCLAW_VARIANTS = {
 }
 
 
-class RssSampler:
-    """Peak summed RSS and CPU seconds of this process's descendants (the sandboxes and everything in them)."""
-
-    def __init__(self, interval_s: float = 0.05) -> None:
-        self.interval_s, self.peak, self._stop = interval_s, 0, threading.Event()
-        self.cpu: dict[int, float] = {}  # pid -> last seen CPU seconds (user + system)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for child in me.children(recursive=True):
-                try:
-                    total += child.memory_info().rss
-                    times = child.cpu_times()
-                    self.cpu[child.pid] = times.user + times.system
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 async def one(harness: str, adapter, proxy, backend, tokenizer, renderer) -> dict:
     engine = ScriptedTestEngine(tokenizer, [health_write_call(harness), "Done."])
     task = TaskSpec(
         id=f"bench-{harness}", instruction="Write ok into health.txt.", verifier=health_verifier, timeout_s=180
     )
-    with RssSampler() as rss:
+    with TreeSampler(every_s=0.05, include_root=False) as rss:
         t0 = time.perf_counter()
         result = await run_rollout(
             task=task,
@@ -100,7 +69,7 @@ async def one(harness: str, adapter, proxy, backend, tokenizer, renderer) -> dic
         "startup_s": hr.startup_s if hr else None,
         "model_s": model_s,
         "overhead_s": wall - model_s,
-        "peak_rss_mb": rss.peak / 2**20,
+        "peak_rss_mb": rss.peak_mb,
         "cpu_s": cpu,
         "failure": result.failure.reason[:100] if result.failure else "",
     }

@@ -12,15 +12,15 @@ own metrics.jsonl and summary.json.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from trainers.process_memory import TreeSampler, main_process_peak_mb
 
 # The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
 # few GRPO steps move the policy; one task x 8 rollouts per step, so the group's 1.4k-token pi prompt is
@@ -100,11 +100,11 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
         f"run directory {cfg.run_dir}"
     )
     started = time.perf_counter()
-    with PeakRss() as rss:
+    with TreeSampler(every_s=1.0) as tree:
         summary = train(cfg)
     wall_s = time.perf_counter() - started
     report = build_report(Path(cfg.run_dir), summary, wall_s)
-    report["peak_rss_mb"] = rss.report()
+    report["peak_rss_mb"] = {"main_process": main_process_peak_mb(), "process_tree": tree.peak_mb}
     console.print(render_report(report))
     (Path(cfg.run_dir) / "report.json").write_text(json.dumps(report, indent=2))
     console.print(
@@ -159,49 +159,6 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
     sync_s = total("weight_sync_s")  # inside the updates' time
     report["weight_sync"] = {"seconds": sync_s, "share_of_step_time": sync_s / step_s if step_s else None}
     return report
-
-
-class PeakRss:
-    """Peak resident memory while the block runs: this process (the kernel's high-water mark) and the whole
-    process tree (this process, the engine's processes, harness CLIs and sandboxes), sampled every second.
-
-    The kernel's figure for children (RUSAGE_CHILDREN) is no use here: a child forked from a large trainer
-    inherits its high-water mark, so every harness CLI would report the trainer's size.
-    """
-
-    def __init__(self, every_s: float = 1.0) -> None:
-        self.every_s, self.tree_mb = every_s, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        import psutil
-
-        me = psutil.Process()
-        while True:
-            total = 0
-            for proc in (me, *me.children(recursive=True)):
-                with contextlib.suppress(psutil.Error):
-                    total += proc.memory_info().rss
-            self.tree_mb = max(self.tree_mb, total / 2**20)
-            if self._stop.wait(self.every_s):
-                return
-
-    def report(self) -> dict[str, float]:
-        import resource
-
-        return {
-            "main_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
-            "process_tree": self.tree_mb,
-        }
 
 
 def render_report(report: dict[str, Any]) -> Table:
