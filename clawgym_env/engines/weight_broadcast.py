@@ -97,6 +97,7 @@ class WeightGroup:
 
     def close(self) -> None:
         """Leave the group (its sockets close with the objects), the group first, then its store."""
+        atexit.unregister(self.close)  # a pool regroups many times: no handler (and no object) kept per group
         self.group = None
         gc.collect()
         self.store = None

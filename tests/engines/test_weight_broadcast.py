@@ -1,8 +1,10 @@
 """WeightGroup (weight_broadcast.py) between two real processes over gloo: what the trainer sends is what
 the worker receives, tensor by tensor in manifest order; bad backends are refused before anything waits."""
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -42,7 +44,11 @@ def test_a_broadcast_delivers_every_tensor_with_its_dtype_and_shape(tmp_path):
     assert [name for name, _ in got] == list(sent)
     for name, tensor in got:
         assert tensor.dtype == sent[name].dtype and torch.equal(tensor, sent[name])
+    left = weakref.ref(group)
     group.close()
+    del group
+    gc.collect()
+    assert left() is None  # a closed group is not kept alive by its exit handler (a pool regroups many times)
 
 
 def test_bad_groups_are_refused_at_once():
