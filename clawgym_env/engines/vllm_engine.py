@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import tempfile
 import time
@@ -121,7 +122,15 @@ class ClawGymWorkerExtension:
                 yield pair
 
         pairs = counted()
-        self.model_runner.reload_weights(weights_iterator=pairs, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        # A LoRA policy sends only its adapted layers (trainers.model.export_weights); vLLM then warns with the
+        # name of every weight it kept, each step (kilobytes of log). The count returned here is the check.
+        quiet = logging.getLogger("vllm.model_executor.model_loader.reload.inplace")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            self.model_runner.reload_weights(weights_iterator=pairs, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        finally:
+            quiet.setLevel(level)
         for _ in pairs:  # a broadcast must be received to its end, whatever the loader took
             pass
         self._clawgym_retie_head()
