@@ -153,6 +153,17 @@ async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, samplin
     return {"calls": len(latencies), "latencies": latencies, "wall_s": time.perf_counter() - start}
 
 
+def next_turn(messages: list[dict[str, Any]], events: list[bytes]) -> None:
+    """The client's side of the conversation: the answer (from its SSE payloads), then tool results for its
+    tool calls, or a user message when it made none."""
+    message = message_from_events(events)
+    messages.append(message)
+    for call in message.get("tool_calls") or ():
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt c.txt"})
+    if not message.get("tool_calls"):
+        messages.append({"role": "user", "content": "go on"})
+
+
 class BareServer:
     """The ceiling: the proxy's own uvicorn set-up (same protocol class, guards included, same loop) serving an
     ASGI app that reads the request body and answers with bytes the proxy sent earlier, in one `send`.
@@ -220,12 +231,7 @@ async def capture_answers(port: int, proxy: Any, policy: Any, calls: int) -> lis
             )
             answers.append(response.content)
             events = [line[6:].encode() for line in response.text.split("\n") if line.startswith("data: ")]
-            message = message_from_events(events)
-            messages.append(message)
-            for call in message.get("tool_calls") or ():
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt c.txt"})
-            if not message.get("tool_calls"):
-                messages.append({"role": "user", "content": "go on"})
+            next_turn(messages, events)
     proxy.close_rollout("capture")
     return [b"%x\r\n%s\r\n0\r\n\r\n" % (len(a), a) for a in answers]  # one chunk, then the last
 
@@ -397,12 +403,7 @@ async def client(args: argparse.Namespace) -> None:
             if status != 200 or not events or events[-1] != b"[DONE]":
                 errors.append(f"{status}: {b''.join(events)[:200]!r}")
                 return
-            message = message_from_events(events)
-            messages.append(message)
-            for call in message.get("tool_calls") or ():
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt c.txt"})
-            if not message.get("tool_calls"):
-                messages.append({"role": "user", "content": "go on"})
+            next_turn(messages, events)
 
     async def worker(ready: asyncio.Event) -> None:
         conn: Conn | None = None
