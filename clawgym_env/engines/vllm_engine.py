@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clawgym_env.engines.blocking import LoopBoundWeights
+from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 VLLM_MISSING = (
@@ -232,7 +232,7 @@ class VLLMEngineStats:
     weight_update_s: float = 0.0
 
 
-class VLLMEngine(LoopBoundWeights):
+class VLLMEngine:
     """vLLM's AsyncLLM behind the `InferenceEngine` protocol."""
 
     def __init__(
@@ -270,7 +270,17 @@ class VLLMEngine(LoopBoundWeights):
             worker_extension_cls=f"{__name__}.ClawGymWorkerExtension",
             **options,
         )
-        self.llm = AsyncLLM.from_engine_args(args)
+        # vLLM's client works on the loop that starts it only; callers come from many (engine_loop.py)
+        self._engine_loop = EngineLoop("clawgym-vllm")
+
+        async def start() -> Any:
+            return AsyncLLM.from_engine_args(args)
+
+        try:
+            self.llm = self._engine_loop.run(start())
+        except BaseException:
+            self._engine_loop.close()
+            raise
         self.model_path = path
         self.extra_stop_ids = tuple(stop_token_ids)
         self.policy_version = policy_version
@@ -280,7 +290,6 @@ class VLLMEngine(LoopBoundWeights):
         self._idle.set()
         self._resume = asyncio.Event()
         self._resume.set()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._aborted: set[str] = set()
         self.stats = VLLMEngineStats()
         self._weights_dir = tempfile.TemporaryDirectory(prefix="clawgym-vllm-weights-")
@@ -288,11 +297,14 @@ class VLLMEngine(LoopBoundWeights):
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> Generation:
+        return await self._engine_loop.call(self._generate(prompt_ids, sampling, request_id))
+
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None) -> Generation:
         ids: list[int] = []
         logprobs: list[float] = []
         finish: FinishReason = "abort"
         version = self.policy_version
-        async for chunk in self.stream(prompt_ids, sampling, request_id=request_id):
+        async for chunk in self._stream(prompt_ids, sampling, request_id):
             ids += chunk.token_ids
             logprobs += chunk.logprobs
             finish, version = chunk.finish_reason or finish, chunk.policy_version
@@ -305,13 +317,19 @@ class VLLMEngine(LoopBoundWeights):
 
         Closing the iterator early (or cancelling its consumer) aborts the request in vLLM.
         """
+        async for chunk in self._engine_loop.stream(lambda: self._stream(prompt_ids, sampling, request_id)):
+            yield chunk
+
+    async def _stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None
+    ) -> AsyncIterator[TokenChunk]:
+        """`stream` on the engine's own loop."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
-        await self._bind_loop()
         await self._resume.wait()  # a weight update is in progress
         kwargs = vllm_sampling_kwargs(sampling)
         if self.extra_stop_ids and not sampling.ignore_eos:
@@ -366,15 +384,26 @@ class VLLMEngine(LoopBoundWeights):
         yield TokenChunk(ids[sent:], logprobs[sent:], finish, version)
 
     def abort(self, request_id: str) -> bool:
-        """End a running request (from the engine's event loop); its generate() returns with finish "abort"."""
-        if self._loop is None:
+        """End a running request (from any loop or thread); its generate() returns with finish "abort"."""
+        if self._engine_loop.loop.is_closed():
             return False
-        self._aborted.add(request_id)
-        self._loop.create_task(self.llm.abort(request_id))
+
+        async def abort() -> None:
+            self._aborted.add(request_id)
+            await self.llm.abort(request_id)
+
+        self._engine_loop.spawn(abort())
         return True
 
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Pause, wait for in-flight requests, load the tensors into every worker, reset the prefix cache."""
+        await self._engine_loop.call(self._update_weights(state_dict, version))
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Blocking form for a trainer thread (not for the engine's own loop)."""
+        self._engine_loop.run(self._update_weights(state_dict, version), "use `await engine.aupdate_weights(...)`")
+
+    async def _update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         self._resume.clear()
         try:
             await self._idle.wait()
@@ -393,7 +422,12 @@ class VLLMEngine(LoopBoundWeights):
             self._resume.set()
 
     def close(self) -> None:
-        self.llm.shutdown()
+        async def shutdown() -> None:
+            self.llm.shutdown()
+
+        if not self._engine_loop.loop.is_closed():
+            self._engine_loop.run(shutdown())
+            self._engine_loop.close()
         # AsyncLLM.__del__ shuts down again, at interpreter exit when vLLM's module globals are gone
         # ("TypeError: 'NoneType' object is not callable"); once is enough.
         self.llm.shutdown = lambda *args, **kwargs: None  # type: ignore[method-assign]

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import httpx
 
-from clawgym_env.engines.blocking import LoopBoundWeights
+from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.remote_engine import RemoteEngine
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
@@ -212,7 +212,7 @@ class PoolStats:
     broadcast_failures: int = 0  # broadcast updates that fell back to the disk checkpoint
 
 
-class VLLMServerPool(LoopBoundWeights):
+class VLLMServerPool:
     """One `InferenceEngine` over N vLLM servers (see the module docstring for routing and versions)."""
 
     def __init__(
@@ -248,7 +248,8 @@ class VLLMServerPool(LoopBoundWeights):
         self._resume = asyncio.Event()
         self._resume.set()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5))
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # its HTTP clients work on the loop that first uses them only; callers come from many (engine_loop.py)
+        self._engine_loop = EngineLoop("clawgym-vllm-pool")
         self._revive_lock = asyncio.Lock()
         self.weight_transfer = weight_transfer
         self.broadcast_backend: Backend = broadcast_backend or default_backend()
@@ -285,6 +286,9 @@ class VLLMServerPool(LoopBoundWeights):
 
     async def server_version(self, url: str) -> int:
         """The policy version loaded in every worker of the server (the lowest, if they differ)."""
+        return await self._engine_loop.call(self._server_version(url))
+
+    async def _server_version(self, url: str) -> int:
         return min(int(v) for v in await self._rpc(url, "clawgym_get_policy_version"))
 
     async def _load(self, slot: ServerSlot, checkpoint: Path, version: int) -> None:
@@ -301,7 +305,7 @@ class VLLMServerPool(LoopBoundWeights):
 
     async def _ensure_version(self, slot: ServerSlot) -> int:
         """The server's version, after loading the newest checkpoint if it is behind the requested one."""
-        version = await self.server_version(slot.url)
+        version = await self._server_version(slot.url)
         if version < self.policy_version:
             if self._checkpoint_written is not None:  # a broadcast update's file, written after it
                 await self._checkpoint_written
@@ -310,11 +314,14 @@ class VLLMServerPool(LoopBoundWeights):
                     f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
                 )
             await self._load(slot, self.latest_checkpoint, self.policy_version)
-            version = await self.server_version(slot.url)
+            version = await self._server_version(slot.url)
         return version
 
     async def revive(self) -> None:
         """Take back dead servers that answer again (restarted), once their weights are up to date."""
+        await self._engine_loop.call(self._revive())
+
+    async def _revive(self) -> None:
         async with self._revive_lock:  # concurrent new rollouts probe once
             await self._revive_unlocked()
 
@@ -348,7 +355,7 @@ class VLLMServerPool(LoopBoundWeights):
                 raise ServerUnavailable(f"{slot.url} holding this rollout is down")
             return slot
         if not all(s.alive for s in self.slots):
-            await self.revive()
+            await self._revive()
         live = [s for s in self.slots if s.alive]
         if not live:
             raise ServerUnavailable(f"all {len(self.slots)} vLLM servers are down")
@@ -359,7 +366,6 @@ class VLLMServerPool(LoopBoundWeights):
         """Route one call and hold its server: (the server, the policy version it serves). The server must
         serve at least the version the trainer last pushed; a failure inside is counted and, when it is the
         server's fault (unreachable, or its version changed during the call), the server is lost."""
-        await self._bind_loop()
         await self._resume.wait()  # a weight update is in progress
         self.stats.calls += 1
         try:
@@ -394,11 +400,14 @@ class VLLMServerPool(LoopBoundWeights):
 
     async def _check_unchanged(self, slot: ServerSlot, before: int) -> None:
         """A server restarted (or reloaded) while generating did not give one policy's output."""
-        after = await self.server_version(slot.url)
+        after = await self._server_version(slot.url)
         if after != before:
             raise ServerUnavailable(f"{slot.url} changed policy version {before} -> {after} during the call")
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        return await self._engine_loop.call(self._generate(prompt_ids, sampling))
+
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         async with self._one_call(prompt_ids) as (slot, version):
             gen = await slot.client.generate(prompt_ids, sampling)
             await self._check_unchanged(slot, version)
@@ -410,6 +419,10 @@ class VLLMServerPool(LoopBoundWeights):
     ) -> AsyncIterator[TokenChunk]:
         """`generate()` with the server's `stream: true`: same routing and version checks; the check after
         the call runs before the last chunk goes out, so a version change mid-stream fails the stream."""
+        async for chunk in self._engine_loop.stream(lambda: self._stream(prompt_ids, sampling)):
+            yield chunk
+
+    async def _stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
         ids: list[int] = []
         async with self._one_call(prompt_ids) as (slot, version):
             async for chunk in slot.client.stream(prompt_ids, sampling):
@@ -432,6 +445,23 @@ class VLLMServerPool(LoopBoundWeights):
         broadcast from this process to every server's workers (NCCL on GPUs, gloo on CPU); the checkpoint
         file is still written, after the servers resume, for servers that come back later. A failed
         broadcast falls back to the file (counted in `stats.broadcast_failures`)."""
+        await self._engine_loop.call(self._update_weights(state_dict, version))
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Blocking form for a trainer thread (not for the pool's own loop)."""
+        self._engine_loop.run(self._update_weights(state_dict, version), "use `await pool.aupdate_weights(...)`")
+
+    async def checkpoint_written(self) -> Path | None:
+        """Wait for the checkpoint file a broadcast update writes after it; the newest checkpoint."""
+
+        async def wait() -> None:
+            if self._checkpoint_written is not None:
+                await self._checkpoint_written
+
+        await self._engine_loop.call(wait())
+        return self.latest_checkpoint
+
+    async def _update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         from clawgym_env.engines.vllm_engine import dedup_tied
 
         self._resume.clear()
@@ -537,12 +567,22 @@ class VLLMServerPool(LoopBoundWeights):
             slot.recent.clear()
 
     async def aclose(self) -> None:
-        for slot in self.slots:
-            await slot.client.aclose()
-        await self._http.aclose()
+        """Close the HTTP clients and stop the servers this pool started."""
+        if not self._engine_loop.loop.is_closed():
+            await self._engine_loop.call(self._close_clients())
+            self._engine_loop.close()
         for server in self.servers:
             server.stop()
 
     def close(self) -> None:
+        """Blocking `aclose` (from any thread but the pool's own loop)."""
+        if not self._engine_loop.loop.is_closed():
+            self._engine_loop.run(self._close_clients())
+            self._engine_loop.close()
         for server in self.servers:
             server.stop()
+
+    async def _close_clients(self) -> None:
+        for slot in self.slots:
+            await slot.client.aclose()
+        await self._http.aclose()

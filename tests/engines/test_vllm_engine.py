@@ -104,6 +104,22 @@ async def test_logprobs_match_teacher_forcing(engine, hf_model, chat_prompt):
 
 @pytest.mark.vllm
 @needs_vllm
+def test_one_engine_serves_one_event_loop_after_another(engine, chat_prompt):
+    """An evaluation runs each harness in its own Runtime (its own event loop), all on one engine. vLLM's
+    client works only on the loop that started it, so the engine keeps it on a loop of its own
+    (engine_loop.py); before, the second loop found the engine dead (EngineDeadError) or hung."""
+    sampling = SamplingParams(max_tokens=6, seed=3)
+    first = asyncio.run(engine.generate(chat_prompt, sampling))
+
+    async def streamed() -> list[int]:
+        return [t async for chunk in engine.stream(chat_prompt, sampling) for t in chunk.token_ids]
+
+    assert len(first.token_ids) > 0
+    assert asyncio.run(engine.generate(chat_prompt, sampling)).token_ids == first.token_ids == asyncio.run(streamed())
+
+
+@pytest.mark.vllm
+@needs_vllm
 @pytest.mark.asyncio(loop_scope="module")
 async def test_seeded_requests_with_long_prompts_side_by_side_do_not_kill_the_engine(engine):
     """8 concurrent seeded requests whose prompts together exceed one step's token budget: with chunked

@@ -182,8 +182,8 @@ async def test_broadcast_weights_reach_every_server_over_a_process_group(pool, q
         assert pool.stats.broadcast_failures == 0
         assert [await pool.server_version(s.url) for s in pool.slots] == [version, version]
         await check_serves(pool, qwen_tok, hf_model, version, f"broadcast-{version}")
-    await pool._checkpoint_written
-    assert pool.latest_checkpoint is not None and pool.latest_checkpoint.name == "policy-v3.safetensors"
+    latest = await pool.checkpoint_written()
+    assert latest is not None and latest.name == "policy-v3.safetensors"
 
 
 async def test_broadcast_that_cannot_start_falls_back_to_the_file(pool, qwen_tok, hf_model):
