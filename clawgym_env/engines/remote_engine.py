@@ -17,7 +17,9 @@ not (the server may still be generating). Weight updates happen on the server si
 
 from __future__ import annotations
 
+import asyncio
 import json
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
@@ -83,12 +85,25 @@ class RemoteEngine:
         self.policy_version = policy_version
         self._weight_updater = weight_updater
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
+        self._make_client = lambda: httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             transport=transport,
         )
+        # httpx's pooled connections belong to the event loop that opened them; one engine serves many loops
+        # in turn (an evaluation's Runtime per harness), so each loop gets its own client
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = self._make_client()
+        return client
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         async for attempt in AsyncRetrying(
@@ -252,4 +267,7 @@ class RemoteEngine:
         self.policy_version = version
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        """Close this loop's client (the clients of loops that ended went with them)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()

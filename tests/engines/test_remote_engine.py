@@ -107,3 +107,36 @@ async def test_vllm_stream_yields_what_generate_returns(token_server, chat_promp
     with pytest.raises(RemoteEngineError, match="400"):
         _ = [chunk async for chunk in remote.stream([10**9], s)]  # an id outside the vocabulary
     await remote.aclose()
+
+
+def test_one_engine_serves_one_event_loop_after_another(tiny_model, qwen_tok, chat_prompt):
+    """An evaluation runs each harness in its own Runtime (its own event loop) on one engine: httpx's pooled
+    connections belong to the loop that opened them, so each loop gets its own client (before, the second
+    loop failed with "Event loop is closed")."""
+    import threading
+    import time
+
+    engine = TransformersEngine(tiny_model, qwen_tok)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            make_token_server(engine, "tiny-qwen3", qwen_tok),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        remote = RemoteEngine(f"http://127.0.0.1:{port}", api="vllm")
+        sampling = SamplingParams(max_tokens=4, seed=0)
+        runs = [asyncio.run(remote.generate(chat_prompt, sampling)).token_ids for _ in range(3)]
+        assert runs[0] == runs[1] == runs[2] and len(runs[0]) > 0
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.close()
