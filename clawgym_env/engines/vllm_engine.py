@@ -122,9 +122,10 @@ class ClawGymWorkerExtension:
                 yield pair
 
         pairs = counted()
-        # A LoRA policy sends only its adapted layers (trainers.model.export_weights); vLLM then warns with the
-        # name of every weight it kept, each step (kilobytes of log). The count returned here is the check.
-        quiet = logging.getLogger("vllm.model_executor.model_loader.reload.inplace")
+        # A LoRA policy sends only its adapted layers (trainers.model.export_weights); vLLM then warns, each
+        # step, with the name of every weight it kept and once per layer it kept (kilobytes of log). The layers
+        # it kept are restored as they were; the count returned here is the check.
+        quiet = logging.getLogger("vllm.model_executor.model_loader.reload")
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
