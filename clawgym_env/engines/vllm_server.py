@@ -236,7 +236,10 @@ class VLLMServerPool:
         self.slots = [
             ServerSlot(url, RemoteEngine(url, api="vllm", model=model, timeout_s=timeout_s, retries=1)) for url in urls
         ]
-        self.checkpoint_dir = Path(checkpoint_dir or tempfile.mkdtemp(prefix="clawgym-weights-"))
+        # without a shared folder the checkpoints go to a temporary one, removed on close or at exit (each
+        # holds a full model: gigabytes per run otherwise left behind in /tmp)
+        self._temp_dir = None if checkpoint_dir else tempfile.TemporaryDirectory(prefix="clawgym-weights-")
+        self.checkpoint_dir = Path(checkpoint_dir or self._temp_dir.name)  # type: ignore[union-attr]
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.latest_checkpoint: Path | None = None
         self.policy_version = policy_version
@@ -586,3 +589,5 @@ class VLLMServerPool:
         for slot in self.slots:
             await slot.client.aclose()
         await self._http.aclose()
+        if self._temp_dir is not None:
+            self._temp_dir.cleanup()

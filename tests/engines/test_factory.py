@@ -46,3 +46,19 @@ async def test_vllm_server_pool_connects_to_given_urls_and_fails_calls_to_a_dead
     await pool.aclose()
     with pytest.raises(ValueError, match="at least one server"):
         VLLMServerPool([])
+
+
+def test_a_server_pool_removes_its_temporary_checkpoints_on_close(tmp_path):
+    """Without a shared folder the pool writes each update's full model to a temporary one: it must not
+    outlive the pool (runs left gigabytes per pool in /tmp); a folder the user gave is the user's."""
+    from clawgym_env.engines.vllm_server import VLLMServerPool
+
+    pool = VLLMServerPool(["http://127.0.0.1:9"])  # no server is contacted before the first call
+    temp = pool.checkpoint_dir
+    (temp / "policy-v1.safetensors").write_bytes(b"x" * 1024)
+    pool.close()
+    assert not temp.exists()
+    given = VLLMServerPool(["http://127.0.0.1:9"], checkpoint_dir=tmp_path / "shared")
+    (given.checkpoint_dir / "policy-v1.safetensors").write_bytes(b"x")
+    given.close()
+    assert (tmp_path / "shared" / "policy-v1.safetensors").is_file()
