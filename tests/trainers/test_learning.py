@@ -25,6 +25,7 @@ EXTRA = {"grpo": [], "ppo": ["algorithm.train_critic_trunk=false", "optim.critic
 
 @pytest.mark.slow
 @pytest.mark.harness
+@pytest.mark.timeout(2 * 3600)  # two seeds of 22-30 min each; the project's default of 300 s would stop it
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_training_raises_held_out_reward_above_noise(tmp_path: Path, algorithm: str) -> None:
     from benchmarks.learning_curve import main
@@ -44,6 +45,7 @@ WHITEBOX = ["env=clawgym_whitebox", "env.tasks_per_step=1", "engine=vllm"]
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.timeout(3600)  # two seeds of ~7-15 min each
 def test_training_in_the_white_box_loop_raises_its_held_out_reward_above_noise(tmp_path: Path) -> None:
     from benchmarks.learning_curve import main
 
