@@ -176,6 +176,7 @@ class BareServer:
         self.answers = answers
         self.served = 0
         self.server: Any = None
+        self._task: asyncio.Task[None] | None = None
         self.port = 0
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -212,6 +213,10 @@ class BareServer:
         while not self.server.started:
             await asyncio.sleep(0.005)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self._task
 
 
 async def capture_answers(port: int, proxy: Any, policy: Any, calls: int) -> list[bytes]:
@@ -334,8 +339,7 @@ async def serve(args: argparse.Namespace) -> None:
             break
     lag_task.cancel()
     if bare is not None:
-        bare.server.should_exit = True
-        await bare._task
+        await bare.stop()
     await proxy.stop()
 
 

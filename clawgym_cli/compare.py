@@ -228,17 +228,21 @@ def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
 
     dtype = getattr(torch, cfg.model.dtype)
     model, tokenizer = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)
-    model.eval().requires_grad_(False)
+    base: Any = model  # free for the checkpoint's weights unless the engine serves it
     if cfg.engine.kind == "transformers":  # serve the loaded model itself: nothing trains it here
         from clawgym_env.engines.transformers_engine import TransformersEngine
 
-        engine: Any = TransformersEngine(model, tokenizer, seed=cfg.seed, **cfg.engine.options)
-    else:
+        engine: Any = TransformersEngine(
+            model.eval().requires_grad_(False), tokenizer, seed=cfg.seed, **cfg.engine.options
+        )
+        base = None
+    else:  # the engine loads its own copy of the weights
         engine = build_engine(cfg, model, tokenizer)
-        del model
     if checkpoint is not None:
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-        trained = apply_lora(load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)[0], cfg.model.lora)
+        if base is None:
+            base = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)[0]
+        trained = apply_lora(base, cfg.model.lora)
         trained.load_state_dict(state["model"])
         engine.update_weights(export_weights(trained), version=int(state["step"]))
     return Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name)
