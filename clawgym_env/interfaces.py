@@ -125,7 +125,10 @@ class Generation(BaseModel):
     @field_validator("logprobs")
     @classmethod
     def _finite(cls, values: list[float]) -> list[float]:
-        if any(not math.isfinite(v) for v in values):
+        # A sum of finite logprobs is finite (they are >= -1e4 or so, far from overflow); one sum in C is
+        # ~20x cheaper than a generator over every token, and this runs on every call. A non-finite sum
+        # (or an overflow) falls back to the exact check.
+        if not math.isfinite(sum(values)) and any(not math.isfinite(v) for v in values):
             raise ValueError("engine returned a non-finite logprob")
         return values
 

@@ -274,7 +274,7 @@ class ChatMLRenderer:
     # ------------------------------------------------------------------------------------ render
     def render(self, conversation: Conversation, splice: SpliceLookup | None = None) -> RenderedPrompt:
         ids: list[int] = []
-        segments: list[PromptSegment] = []
+        spans: list[list[Any]] = []  # [start, end, kind, source_call]: models are made once, merged, at the end
         drift = spliced = forged = 0
 
         def add(block_ids: list[int], runs: list[tuple[int, int, SegmentKind]], source: int | None = None) -> None:
@@ -282,11 +282,11 @@ class ChatMLRenderer:
             ids.extend(block_ids)
             for start, end, kind in runs:
                 src = source if kind == "assistant_spliced" else None
-                last = segments[-1] if segments else None
-                if last is not None and last.kind == kind and last.source_call == src and last.end == offset + start:
-                    last.end = offset + end
+                last = spans[-1] if spans else None
+                if last is not None and last[2] == kind and last[3] == src and last[1] == offset + start:
+                    last[1] = offset + end
                 else:
-                    segments.append(PromptSegment(start=offset + start, end=offset + end, kind=kind, source_call=src))
+                    spans.append([offset + start, offset + end, kind, src])
 
         header, header_runs, _ = self._encode_pieces(self.generation_prompt)
         position = rewritten = 0
@@ -311,7 +311,7 @@ class ChatMLRenderer:
         add(header, header_runs)
         return RenderedPrompt(
             prompt_ids=ids,
-            segments=segments,
+            segments=[PromptSegment(start=a, end=b, kind=k, source_call=c) for a, b, k, c in spans],
             drift_events=drift,
             spliced_turns=spliced,
             rewritten_turns=rewritten,
