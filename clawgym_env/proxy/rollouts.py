@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -53,6 +54,7 @@ class RolloutState:
     stats: RolloutStats
     memory: GenerationMemory = field(default_factory=GenerationMemory)
     calls: list[ModelCall] = field(default_factory=list)
+    last_request: dict[str, Any] | None = None  # the latest parsed request: the next one shares what it repeats
     next_index: int = 0
     last_full_ids: list[int] = field(default_factory=list)
     agents: dict[int, ModelCall] = field(default_factory=dict)  # latest completed call of each root (agent)

@@ -69,6 +69,7 @@ from clawgym_env.proxy.guards import (
 )
 from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.renderers.base import ParsedOutput
+from clawgym_env.proxy.request_sharing import share_repeats
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
 from clawgym_env.proxy.streaming import Piece, StreamSplitter, StreamStopped, TokenFeed
 from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
@@ -573,7 +574,10 @@ class ServingProxy:
                     f"accepts at most {big.limit} bytes per request (ProxyGuards.max_body_bytes)",
                 ) from None
             body = self._parse_json(raw)
-            call.request = body if isinstance(body, dict) else {"_body": body}
+            if isinstance(body, dict):
+                state.last_request = call.request = share_repeats(body, state.last_request)  # see request_sharing
+            else:
+                call.request = {"_body": body}
             parsed_request = adapter.parse_request(body)
             call.streamed = adapter.wants_stream(parsed_request)
             return await self._generate(request, state, adapter, parsed_request, call, t0)

@@ -1,0 +1,57 @@
+"""A rollout's recorded requests share what they repeat (clawgym_env.proxy.request_sharing).
+
+Each call resends the whole conversation; kept as parsed, an open rollout of n calls held ~n²/2 message
+objects. Through the real proxy over HTTP: the calls' requests hold each message once, and the log and
+`close_rollout` still give every request exactly as it was sent.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import httpx
+import orjson
+
+from clawgym_env.proxy.request_sharing import share_repeats
+from clawgym_env.records import read_calls
+
+from .conftest import WRITE_SCHEMA
+
+TOOLS = [{"type": "function", "function": {"name": "write", "description": "write a file", "parameters": WRITE_SCHEMA}}]
+
+
+def test_equal_parts_become_the_previous_objects_and_the_json_is_unchanged() -> None:
+    previous = {"model": "m", "tools": [{"a": [1, 2]}], "messages": [{"role": "system", "content": "s"}, {"x": 1}]}
+    body = copy.deepcopy(previous)
+    body["messages"][1] = {"x": 2}  # an edited turn: it and everything after it stay the new objects
+    body["messages"].append({"role": "user", "content": "more"})
+    sent = orjson.dumps(body)
+    shared = share_repeats(body, previous)
+    assert shared is body and orjson.dumps(shared) == sent
+    assert body["tools"] is previous["tools"] and body["model"] is previous["model"]
+    assert body["messages"][0] is previous["messages"][0]
+    assert body["messages"][1] is not previous["messages"][1] and body["messages"][1] == {"x": 2}
+    assert share_repeats({"model": "m"}, None) == {"model": "m"}
+    assert share_repeats({"messages": "not a list"}, {"messages": ["a"]}) == {"messages": "not a list"}
+
+
+async def test_a_rollouts_calls_hold_each_message_once(proxy, scripted_policy) -> None:
+    calls_n = 6
+    route = proxy.open_rollout("r", scripted_policy(["Noted."] * calls_n))
+    url, key = f"{proxy.origin}{route.path_prefix}/v1/chat/completions", {"authorization": f"Bearer {route.api_key}"}
+    messages = [{"role": "system", "content": "You write files. " * 50}]
+    sent = []
+    async with httpx.AsyncClient() as client:
+        for i in range(calls_n):
+            messages.append({"role": "user", "content": f"step {i}"})
+            body = {"model": "policy", "messages": messages, "tools": TOOLS}
+            sent.append(orjson.loads(orjson.dumps(body)))
+            reply = await client.post(url, json=body, headers=key)
+            assert reply.status_code == 200, reply.text
+            messages.append(reply.json()["choices"][0]["message"])
+    calls = proxy.close_rollout("r")
+    assert [c.request for c in calls] == sent  # what close_rollout gives is what was sent
+    assert [c.request for c in read_calls(proxy.log_path)] == sent  # and so is the log
+    held = {id(m) for c in calls for m in c.request["messages"]}
+    assert len(held) == len(sent[-1]["messages"])  # 2 * calls_n messages, not 1 + 3 + 5 + ... of them
+    assert all(c.request["tools"] is calls[0].request["tools"] for c in calls)
