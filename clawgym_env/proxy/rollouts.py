@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from clawgym_env.interfaces import Policy, RolloutLimits, RolloutRoute
 from clawgym_env.prefix import check_prefix, common_prefix_length, extends, same_root
+from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.splice import GenerationMemory
 from clawgym_env.records import ModelCall, PrefixCheck
 
@@ -54,7 +54,7 @@ class RolloutState:
     stats: RolloutStats
     memory: GenerationMemory = field(default_factory=GenerationMemory)
     calls: list[ModelCall] = field(default_factory=list)
-    last_request: dict[str, Any] | None = None  # the latest parsed request: the next one shares what it repeats
+    requests: RequestMemory = field(default_factory=RequestMemory)  # the next request shares what it repeats
     next_index: int = 0
     last_full_ids: list[int] = field(default_factory=list)
     agents: dict[int, ModelCall] = field(default_factory=dict)  # latest completed call of each root (agent)

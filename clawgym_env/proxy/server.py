@@ -69,7 +69,6 @@ from clawgym_env.proxy.guards import (
 )
 from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.renderers.base import ParsedOutput
-from clawgym_env.proxy.request_sharing import share_repeats
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
 from clawgym_env.proxy.streaming import Piece, StreamSplitter, StreamStopped, TokenFeed
 from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
@@ -575,7 +574,7 @@ class ServingProxy:
                 ) from None
             body = self._parse_json(raw)
             if isinstance(body, dict):
-                state.last_request = call.request = share_repeats(body, state.last_request)  # see request_sharing
+                call.request = state.requests.share(body)  # held once per rollout (clawgym_env.proxy.request_sharing)
             else:
                 call.request = {"_body": body}
             parsed_request = adapter.parse_request(body)

@@ -12,7 +12,7 @@ import copy
 import httpx
 import orjson
 
-from clawgym_env.proxy.request_sharing import share_repeats
+from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.records import read_calls
 
 from .conftest import WRITE_SCHEMA
@@ -20,19 +20,39 @@ from .conftest import WRITE_SCHEMA
 TOOLS = [{"type": "function", "function": {"name": "write", "description": "write a file", "parameters": WRITE_SCHEMA}}]
 
 
-def test_equal_parts_become_the_previous_objects_and_the_json_is_unchanged() -> None:
+def test_parts_with_the_same_json_become_the_previous_objects_and_the_json_is_unchanged() -> None:
+    memory = RequestMemory()
     previous = {"model": "m", "tools": [{"a": [1, 2]}], "messages": [{"role": "system", "content": "s"}, {"x": 1}]}
+    assert memory.share(previous) is previous  # the first request: nothing to share with
     body = copy.deepcopy(previous)
     body["messages"][1] = {"x": 2}  # an edited turn: it and everything after it stay the new objects
     body["messages"].append({"role": "user", "content": "more"})
     sent = orjson.dumps(body)
-    shared = share_repeats(body, previous)
+    shared = memory.share(body)
     assert shared is body and orjson.dumps(shared) == sent
     assert body["tools"] is previous["tools"] and body["model"] is previous["model"]
     assert body["messages"][0] is previous["messages"][0]
     assert body["messages"][1] is not previous["messages"][1] and body["messages"][1] == {"x": 2}
-    assert share_repeats({"model": "m"}, None) == {"model": "m"}
-    assert share_repeats({"messages": "not a list"}, {"messages": ["a"]}) == {"messages": "not a list"}
+    again = memory.share(copy.deepcopy(body))  # now compared with `body`
+    assert again["messages"] is body["messages"]
+
+
+def test_values_python_calls_equal_but_json_does_not_are_kept_as_sent() -> None:
+    """1 == 1.0 == True in Python; in the record (and the rendered prompt) they must stay what was sent."""
+    memory = RequestMemory()
+    memory.share({"temperature": 1, "messages": [{"n": 1}, {"a": 1, "b": 2}], "flag": 1})
+    body = {"temperature": 1.0, "messages": [{"n": True}, {"b": 2, "a": 1}], "flag": True}
+    sent = orjson.dumps(body)
+    assert orjson.dumps(memory.share(body)) == sent  # 1.0, true and the key order all kept
+
+
+def test_a_request_too_deep_for_the_writer_is_kept_as_it_is() -> None:
+    memory = RequestMemory()
+    deep: object = "x"
+    for _ in range(300):  # deeper than orjson can write (the proxy's parse limit may allow it)
+        deep = [deep]
+    body = {"messages": [deep]}
+    assert memory.share(body) is body and memory.body is None
 
 
 async def test_a_rollouts_calls_hold_each_message_once(proxy, scripted_policy) -> None:
