@@ -10,6 +10,7 @@ The log is append-only, one line per call, so what is learnt about a call after 
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from clawgym_env.specs import ApiStyle
 
@@ -34,12 +35,24 @@ SegmentKind = Literal[
 
 
 class PromptSegment(BaseModel):
-    """A span [start, end) of the prompt ids and where its tokens came from."""
+    """A span [start, end) of the prompt ids and where its tokens came from.
+
+    Frozen: equal spans recur in every later call of a conversation (and across rollouts with the same
+    system prompt), so the renderer hands out one shared instance per span (`segment`).
+    """
+
+    model_config = ConfigDict(frozen=True)
 
     start: int
     end: int
     kind: SegmentKind
     source_call: int | None = None  # for assistant_spliced: the call index whose generation this is
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def segment(start: int, end: int, kind: SegmentKind, source_call: int | None = None) -> PromptSegment:
+    """The shared PromptSegment for a span: the proxy makes ~20 per call, nearly all seen in an earlier call."""
+    return PromptSegment(start=start, end=end, kind=kind, source_call=source_call)
 
 
 PrefixReason = Literal[

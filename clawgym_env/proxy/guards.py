@@ -19,6 +19,7 @@ docs/security.md ("Proxy") lists each guard with its red-team test.
 from __future__ import annotations
 
 import array
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -190,6 +191,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._delivery: list[Callable[[bool], None]] = []
         self._delivery_timer: Any = None
         self._delivery_give_up_at = 0.0
+        self._lost: asyncio.Future[None] | None = None  # done once the connection is gone (see `lost()`)
         self._peer = peer_key(transport.get_extra_info("socket"))
         if self._peer is not None:
             count = self.guard.per_peer.get(self._peer, 0)
@@ -208,6 +210,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
         self.guard.live.discard(self)
         if self._peer is not None:
             left = self.guard.per_peer.get(self._peer, 1) - 1
@@ -218,6 +222,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._peer = None
         self._settle_delivery(exc is None and self._delivery != [] and self._left_whole_at_close())
         super().connection_lost(exc)
+
+    def lost(self) -> asyncio.Future[None]:
+        """A future done once this connection is lost: how a call in progress learns that its client left.
+
+        One per connection, shared by its requests, so watching costs a callback on it rather than a task
+        per call awaiting `receive()`. Watchers remove their callbacks; they never cancel it.
+        """
+        if self._lost is None:
+            self._lost = self.loop.create_future()
+            if self.transport is None or self.transport.is_closing():
+                self._lost.set_result(None)
+        return self._lost
 
     # ----------------------------------------------------------------------------------- deadlines
     def _arm(self, kind: str, seconds: float) -> None:

@@ -107,6 +107,12 @@ async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]])
             return
 
 
+def _connection_lost(request: Request) -> asyncio.Future[None] | None:
+    """The future done when this request's connection goes (GuardedHttpProtocol.lost), if it came through one."""
+    connection = request.scope.get("extensions", {}).get(SCOPE_KEY)
+    return connection.lost() if connection is not None else None
+
+
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(content=jsonio.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
@@ -233,6 +239,7 @@ class ServingProxy:
             timeout_graceful_shutdown=2,
             http=protocol_for(self._guard_state),
             timeout_keep_alive=self.guards.idle_timeout_s,  # type: ignore[arg-type]
+            proxy_headers=False,  # no X-Forwarded-* rewriting: nothing here reads the client address
         )
         self._server = _EmbeddedServer(config)
         self._serve_task = asyncio.create_task(self._server.serve(sockets=sockets), name="clawgym-proxy")
@@ -457,7 +464,8 @@ class ServingProxy:
             else engine.generate(prompt_ids, sampling)
         )
         generation = asyncio.ensure_future(coro)
-        watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+        lost = _connection_lost(request)  # shared by the connection's calls: waited on, never cancelled
+        watcher = lost if lost is not None else asyncio.ensure_future(_wait_for_disconnect(request.receive))
         try:
             done, _ = await asyncio.wait(
                 (generation, watcher), timeout=self.engine_timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -466,7 +474,8 @@ class ServingProxy:
             generation.cancel()
             raise
         finally:
-            watcher.cancel()
+            if watcher is not lost:
+                watcher.cancel()
         if generation in done:
             try:
                 return generation.result()
@@ -785,6 +794,7 @@ class ServingProxy:
             request.receive,
             loop.time() + self.engine_timeout_s,
             tick_s=self.stream_keepalive_s / 2,
+            lost=_connection_lost(request),
         )
         try:
             first = await feed.next()
@@ -802,8 +812,12 @@ class ServingProxy:
         splitter = StreamSplitter(renderer.decode, set(renderer.stop_token_ids), lambda: mint_id(tool_prefix))
 
         async def pump(send: Callable[[bytes], Awaitable[None]]) -> None:
+            head: list[bytes] = []  # the opening events while they wait to go out with the end
             try:
-                await send(b"".join(writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))))
+                head = writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))
+                if not feed.finished:  # more to come: the first tokens go out now (else with the end, in one write)
+                    await send(b"".join(head))
+                    head = []
                 last_sent = loop.time()
                 while (chunk := await feed.next()) is not None:
                     events = _write(writer, splitter.feed(chunk.token_ids))
@@ -821,7 +835,7 @@ class ServingProxy:
                     log.warning("%s: the streamed pieces differ from the final parse", plan.request_id)
                 final = self._call_output(state, call, parsed_request, parsed, generation)
                 final.response_id, final.tool_calls, final.extra = output.response_id, calls, output.extra
-                events = _write(writer, rest) + writer.finish(final)
+                events = head + _write(writer, rest) + writer.finish(final)
                 self._commit(request, state, call, t0, plan, parsed)
                 if self._group is not None:  # fsync=True: the final events wait until the record is on disk
                     try:
@@ -833,7 +847,7 @@ class ServingProxy:
                 err = _stopped_error(stopped, self.engine_timeout_s)
                 if isinstance(err, ProxyError):
                     self._fail_stream(state, call, t0, stopped.generation, err.kind, err.message)
-                    await send(b"".join(writer.error(err.message)), last=True)
+                    await send(b"".join(head + writer.error(err.message)), last=True)
                 else:  # the client left: nobody to tell
                     self._fail_stream(state, call, t0, stopped.generation, "client_disconnected", None)
             except RecordFailed as failed:
@@ -841,11 +855,11 @@ class ServingProxy:
                 self._guard_state.stats.record_failures += 1
                 state.stats.count_error("record_failed")
                 message = f"clawgym proxy could not record this call ({failed}); its generation is not returned"
-                await send(b"".join(writer.error(message)), last=True)
+                await send(b"".join(head + writer.error(message)), last=True)
             except Exception as exc:  # a proxy bug mid-stream: record what was generated, end with an error
                 log.exception("proxy failure in %s", plan.request_id)
                 self._fail_stream(state, call, t0, feed.generation(), "internal", f"{type(exc).__name__}: {exc}")
-                await send(b"".join(writer.error(f"clawgym proxy internal error: {exc}")), last=True)
+                await send(b"".join(head + writer.error(f"clawgym proxy internal error: {exc}")), last=True)
             finally:
                 await feed.aclose()
 

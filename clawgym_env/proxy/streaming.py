@@ -66,6 +66,7 @@ class TokenFeed:
         receive: Callable[[], Awaitable[dict[str, Any]]],
         deadline: float,
         tick_s: float = 0.0,
+        lost: asyncio.Future[None] | None = None,
     ) -> None:
         self.engine, self.request_id, self.tick_s = engine, request_id, tick_s
         self.chunks: list[TokenChunk] = []  # as the engine gave them (the recorded generation)
@@ -79,13 +80,19 @@ class TokenFeed:
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._pump = asyncio.ensure_future(self._read())
-        self._watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
-        self._watcher.add_done_callback(lambda _: self._wake.set())
+        # the client's leaving: the connection's own future (`lost`, shared: never cancelled here), else a
+        # task reading `receive()` until it says "http.disconnect"
+        self._lost = lost
+        self._watcher = lost if lost is not None else asyncio.ensure_future(_wait_for_disconnect(receive))
+        self._watcher.add_done_callback(self._on_lost)
         self._timer = loop.call_at(deadline, self._time_out)
         self._tick = loop.call_later(tick_s, self._on_tick) if tick_s > 0 else None
 
     def generation(self) -> Generation:
         return collect(self.chunks)
+
+    def _on_lost(self, _: asyncio.Future[None]) -> None:
+        self._wake.set()
 
     def _time_out(self) -> None:
         self._timed_out = True
@@ -156,7 +163,10 @@ class TokenFeed:
 
     async def aclose(self) -> None:
         self._cancel_timers()
-        self._watcher.cancel()
+        if self._lost is not None:
+            self._lost.remove_done_callback(self._on_lost)
+        else:
+            self._watcher.cancel()
         if not self._pump.done():
             self._pump.cancel()
             with contextlib.suppress(BaseException):

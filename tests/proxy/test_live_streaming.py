@@ -453,3 +453,34 @@ async def test_keepalive_ticks_wait_for_the_first_tokens(tokenizer):
         ticks += not chunk.token_ids
     await feed.aclose()
     assert ticks >= 1  # between later tokens (0.1 s apart) the 0.05 s ticks do come
+
+
+async def test_calls_on_one_connection_share_its_lost_future_and_only_the_current_one_stops(tokenizer):
+    """A keep-alive connection's calls watch one shared `lost` future (GuardedHttpProtocol.lost): a finished
+    call must leave it as it was (not cancelled, no wake-up of a closed feed), and when the connection goes
+    the call then in progress stops as disconnected, with the ids generated so far."""
+    from clawgym_env.interfaces import SamplingParams
+    from clawgym_env.proxy.streaming import StreamStopped, TokenFeed
+
+    async def unused_receive() -> dict[str, Any]:
+        raise AssertionError("with a lost future the feed must not read receive()")
+
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[None] = loop.create_future()
+    engine = ScriptedTestEngine(tokenizer, ["done in one go", "word " * 2000], token_delay_s=0.002)
+    first = TokenFeed(engine, [1, 2], SamplingParams(max_tokens=10), "a", unused_receive, loop.time() + 30, lost=lost)
+    while await first.next() is not None:
+        pass
+    await first.aclose()
+    assert not lost.done()  # the finished call left the connection's future alone
+
+    second = TokenFeed(engine, [3, 4], SamplingParams(max_tokens=4000), "b", unused_receive, loop.time() + 30, lost=lost)
+    assert (await second.next()) is not None
+    lost.set_result(None)  # the client hangs up mid-stream
+    with pytest.raises(StreamStopped) as stopped:
+        while await second.next() is not None:
+            pass
+    await second.aclose()
+    assert stopped.value.why == "disconnected"
+    assert stopped.value.generation is not None and 0 < len(stopped.value.generation.token_ids) < 4000
+    assert first.finished and first.chunks[-1].finish_reason is not None  # the first call ended normally

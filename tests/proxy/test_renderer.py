@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter, ResponsesAdapter
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec, canonical_arguments
@@ -148,6 +149,20 @@ def test_segment_kinds_cover_the_right_text(renderer):
     assert '"name": "write"' in text_of["tools"]
     assert text_of["tool"] == "ok1ok2"
     assert "do it" in text_of["user"] and "INTERNAL_CONTEXT" in text_of["user"]
+
+
+def test_equal_spans_share_one_frozen_segment_across_calls(renderer):
+    """The next call of a conversation re-renders its prefix: those spans are the earlier call's segment
+    objects (held once, not once per call), and no one can change a shared segment."""
+    conversation = ChatAdapter().to_conversation(ChatAdapter().parse_request(CHAT_LIKE))
+    first = renderer.render(conversation)
+    longer = Conversation([*conversation.messages, Message("user", "one more thing")], conversation.tools)
+    second = renderer.render(longer)
+    shared = [s for s in first.segments[:-1] if s in second.segments]  # the last is the generation prompt's
+    assert shared == first.segments[:-1]
+    assert all(any(s is t for t in second.segments) for s in shared)
+    with pytest.raises(ValidationError):
+        first.segments[0].end = 0
 
 
 def test_splice_replaces_the_echoed_turn_with_the_recorded_ids(renderer, tokenizer):

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
 from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
-from clawgym_env.records import PromptSegment, SegmentKind
+from clawgym_env.records import SegmentKind, segment
 
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -311,7 +311,7 @@ class ChatMLRenderer:
         add(header, header_runs)
         return RenderedPrompt(
             prompt_ids=ids,
-            segments=[PromptSegment(start=a, end=b, kind=k, source_call=c) for a, b, k, c in spans],
+            segments=[segment(a, b, k, c) for a, b, k, c in spans],
             drift_events=drift,
             spliced_turns=spliced,
             rewritten_turns=rewritten,
