@@ -474,7 +474,9 @@ async def test_calls_on_one_connection_share_its_lost_future_and_only_the_curren
     await first.aclose()
     assert not lost.done()  # the finished call left the connection's future alone
 
-    second = TokenFeed(engine, [3, 4], SamplingParams(max_tokens=4000), "b", unused_receive, loop.time() + 30, lost=lost)
+    second = TokenFeed(
+        engine, [3, 4], SamplingParams(max_tokens=4000), "b", unused_receive, loop.time() + 30, lost=lost
+    )
     assert (await second.next()) is not None
     lost.set_result(None)  # the client hangs up mid-stream
     with pytest.raises(StreamStopped) as stopped:
