@@ -69,6 +69,7 @@ from clawgym_env.proxy.guards import (
 )
 from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.renderers.base import ParsedOutput
+from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
 from clawgym_env.proxy.streaming import Piece, StreamSplitter, StreamStopped, TokenFeed
 from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
@@ -436,16 +437,26 @@ class ServingProxy:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _parse_json(self, raw: bytes) -> Any:
+    def _parse_json(self, raw: bytes, memory: RequestMemory | None = None) -> Any:
+        """The parsed body, refused past `max_json_depth`. With a rollout's `memory`, a JSON object's parts
+        that repeat the previous request's are shared with it, and only the new parts are walked for depth."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             if "depth" in str(exc):
                 raise _too_deep(self.guards.max_json_depth) from None
             raise ProxyError("invalid_request", f"invalid request: the body is not valid JSON ({exc})") from None
+        parts: list[tuple[Any, int]] = [(body, 1)]
+        if memory is not None and isinstance(body, dict):
+            body = memory.share(body)
+            parts = memory.fresh
         limit = self.guards.max_json_depth
-        if (raw.count(b"{") + raw.count(b"[") > limit) and json_depth(body, limit) > limit:
-            raise _too_deep(limit)
+        if raw.count(b"{") + raw.count(b"[") > limit:  # else it cannot nest deeper than the limit
+            for part, level in parts:
+                if json_depth(part, limit - level + 1) > limit - level + 1:
+                    if memory is not None:
+                        memory.forget()  # a refused body is no base for the next one
+                    raise _too_deep(limit)
         return body
 
     async def _run_engine(
@@ -581,11 +592,8 @@ class ServingProxy:
                     f"request too large: the body is {'at least ' if big.partial else ''}{big.size} bytes; this proxy "
                     f"accepts at most {big.limit} bytes per request (ProxyGuards.max_body_bytes)",
                 ) from None
-            body = self._parse_json(raw)
-            if isinstance(body, dict):
-                call.request = state.requests.share(body)  # held once per rollout (clawgym_env.proxy.request_sharing)
-            else:
-                call.request = {"_body": body}
+            body = self._parse_json(raw, state.requests)  # held once per rollout (proxy.request_sharing)
+            call.request = body if isinstance(body, dict) else {"_body": body}
             parsed_request = adapter.parse_request(body)
             call.streamed = adapter.wants_stream(parsed_request)
             return await self._generate(request, state, adapter, parsed_request, call, t0)

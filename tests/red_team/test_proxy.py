@@ -27,6 +27,7 @@ and asserts what the attack achieved. What is guarded, one test each:
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import resource
@@ -190,6 +191,31 @@ async def test_deep_json_gets_400_in_the_api_format_and_no_call_index_is_skipped
     assert [c.call_index for c in calls] == [0, 1, 2], "a call index was skipped"
     assert calls[1].error.startswith("too_deep") and not calls[1].generated_ids
     assert engine_calls == 2  # the refused call never reached the engine
+
+
+@pytest.mark.parametrize("path", [MESSAGES, CHAT])
+async def test_deep_json_hidden_behind_shared_parts_is_refused_every_time(tmp_path, tokenizer, renderer, path):
+    """The proxy walks only what a request adds to the previous one (the rest was checked when it came). So an
+    attacker appends a deep message to a conversation already accepted, and then sends that refused body
+    again, hoping it now counts as repeated: both must be refused (a refused body is no base to share with).
+    Depth 100 is past the guard (64) and below orjson's own limits, so only the guard can stop it."""
+    run_dir = tmp_path / "run"
+    async with ServingProxy(run_dir, port=0, unix_socket=None) as proxy:
+        route = proxy.open_rollout("hide", scripted(tokenizer, renderer, ["first", "second"]))
+        accepted = body_for(path, "one")
+        accepted["messages"] += [{"role": "assistant", "content": "first"}, {"role": "user", "content": "go on"}]
+        attack = copy.deepcopy(accepted)
+        deep_block = {"type": "text", "text": "x", "meta": nested(100)} if path == MESSAGES else nested(100)
+        attack["messages"].append({"role": "user", "content": [deep_block]})
+        async with httpx.AsyncClient(base_url=proxy.base_url(route), timeout=30) as client:
+            headers = {"x-api-key": route.api_key}
+            assert (await client.post(path, json=accepted, headers=headers)).status_code == 200
+            for _ in range(2):
+                error = assert_api_error(path, await client.post(path, json=attack, headers=headers), 400)
+                assert "nested" in error["message"]
+            assert (await client.post(path, json=accepted, headers=headers)).status_code == 200
+    calls = logged(run_dir)
+    assert [c.error.split(":")[0] if c.error else None for c in calls] == [None, "too_deep", "too_deep", None]
 
 
 async def test_an_unserializable_request_is_recorded_without_it(tmp_path, tokenizer, renderer):
