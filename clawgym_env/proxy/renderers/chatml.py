@@ -167,10 +167,12 @@ class ChatMLRenderer:
         pieces.append((f"{IM_END}\n", "template"))
         return tuple(pieces)
 
-    def _blocks(self, conversation: Conversation) -> list[tuple[Message | None, tuple[Piece, ...]]]:
-        """(message, pieces) per block; `message` is set for assistant blocks (splice candidates)."""
+    def _blocks(self, conversation: Conversation) -> list[tuple[Message | None, tuple[Piece, ...] | None]]:
+        """(message, pieces) per block; `message` is set for assistant blocks (splice candidates), whose
+        pieces are None: an echoed turn is usually spliced, so its text (and its tool calls' `tojson`, the
+        costliest part) is made only if it is rendered (`_message_block`)."""
         messages = conversation.messages
-        blocks: list[tuple[Message | None, tuple[Piece, ...]]] = []
+        blocks: list[tuple[Message | None, tuple[Piece, ...] | None]] = []
         start = 0
         if messages and messages[0].role == "system":
             blocks.append((None, self._system_block(messages[0].content, conversation.tools)))
@@ -187,7 +189,10 @@ class ChatMLRenderer:
                 blocks.append((None, self._tool_run_block(messages[i:j])))
                 i = j
                 continue
-            blocks.append((message if message.role == "assistant" else None, self._message_block(message)))
+            if message.role == "assistant":
+                blocks.append((message, None))
+            else:
+                blocks.append((None, self._message_block(message)))
             i += 1
         return blocks
 
@@ -305,6 +310,8 @@ class ChatMLRenderer:
                 drift += 1
             elif message is not None:
                 position += 1
+            if pieces is None:  # an assistant turn rendered as text (no splice lookup, or drift)
+                pieces = self._message_block(message)  # type: ignore[arg-type]
             block_ids, runs, block_forged = self._encode_pieces(pieces)
             forged += block_forged
             add(block_ids, runs)
