@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from clawgym_env.interfaces import Policy, RolloutLimits, RolloutRoute
 from clawgym_env.prefix import check_prefix, common_prefix_length, extends, same_root
+from clawgym_env.proxy.apis.base import ValidatedItems
 from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.splice import GenerationMemory
 from clawgym_env.records import ModelCall, PrefixCheck
@@ -55,6 +56,7 @@ class RolloutState:
     memory: GenerationMemory = field(default_factory=GenerationMemory)
     calls: list[ModelCall] = field(default_factory=list)
     requests: RequestMemory = field(default_factory=RequestMemory)  # the next request shares what it repeats
+    validated: ValidatedItems = field(default_factory=ValidatedItems)  # ...and validates only what it adds
     next_index: int = 0
     last_full_ids: list[int] = field(default_factory=list)
     agents: dict[int, ModelCall] = field(default_factory=dict)  # latest completed call of each root (agent)

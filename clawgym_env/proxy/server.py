@@ -594,7 +594,7 @@ class ServingProxy:
                 ) from None
             body = self._parse_json(raw, state.requests)  # held once per rollout (proxy.request_sharing)
             call.request = body if isinstance(body, dict) else {"_body": body}
-            parsed_request = adapter.parse_request(body)
+            parsed_request = adapter.parse_request(body, state.validated)
             call.streamed = adapter.wants_stream(parsed_request)
             return await self._generate(request, state, adapter, parsed_request, call, t0)
         except ProxyError as err:

@@ -11,6 +11,7 @@ import copy
 
 import httpx
 import orjson
+import pytest
 
 from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.records import read_calls
@@ -75,3 +76,42 @@ async def test_a_rollouts_calls_hold_each_message_once(proxy, scripted_policy) -
     held = {id(m) for c in calls for m in c.request["messages"]}
     assert len(held) == len(sent[-1]["messages"])  # 2 * calls_n messages, not 1 + 3 + 5 + ... of them
     assert all(c.request["tools"] is calls[0].request["tools"] for c in calls)
+
+
+def test_items_validated_last_call_are_reused_and_new_ones_still_validated() -> None:
+    """A call validates only what it adds: an item that is the very object sent (and validated) last call is
+    passed on as its model; a new item that is invalid is still refused with its index named."""
+    from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter
+    from clawgym_env.proxy.apis.base import ValidatedItems
+    from clawgym_env.proxy.errors import ProxyError
+
+    adapter, memory, validated = ChatAdapter(), RequestMemory(), ValidatedItems()
+    first = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
+    one = adapter.parse_request(memory.share(first), validated)
+    second = copy.deepcopy(first)
+    second["messages"].append({"role": "assistant", "content": "a"})
+    two = adapter.parse_request(memory.share(second), validated)
+    assert two.messages[0] is one.messages[0] and two.messages[1] is one.messages[1]
+    assert (
+        two.messages[2].content == "a" and two.model_dump() == adapter.request_model.model_validate(second).model_dump()
+    )
+
+    bad = copy.deepcopy(second)
+    bad["messages"].append({"role": "wizard", "content": "x"})
+    with pytest.raises(ProxyError) as refused:
+        adapter.parse_request(memory.share(bad), validated)
+    assert refused.value.param is not None and refused.value.param.startswith("messages.3")
+
+    edited = copy.deepcopy(second)
+    edited["messages"][0]["content"] = "changed"  # not the object validated before: validated anew
+    three = adapter.parse_request(memory.share(edited), validated)
+    assert three.messages[0] is not one.messages[0] and three.messages[0].content == "changed"
+
+    # another API's models are never reused (a rollout may speak two): the same item, shared, is validated
+    # as an Anthropic message, not passed on as the Chat model it was validated into last call
+    chat = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "u"}]}
+    assert adapter.parse_request(memory.share(chat), validated).messages[0].content == "u"
+    anthropic = copy.deepcopy(chat)
+    parsed = AnthropicAdapter().parse_request(memory.share(anthropic), validated)
+    assert anthropic["messages"][0] is chat["messages"][0]  # shared by the request memory
+    assert type(parsed.messages[0]).__name__ == "AnthropicMessage" and parsed.messages[0].content == "u"

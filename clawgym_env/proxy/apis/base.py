@@ -55,20 +55,48 @@ class CallOutput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class ValidatedItems:
+    """One rollout's previous request's conversation items, as sent and as validated (`ApiAdapter.parse_request`).
+
+    A harness resends the whole conversation every call, and the proxy's request sharing
+    (clawgym_env.proxy.request_sharing) makes each repeated item *be* the earlier object. An item that is the
+    very object validated last time is passed to pydantic as its validated model, which pydantic takes as it
+    is (`revalidate_instances="never"`), so a call validates only what it adds.
+    """
+
+    request_model: type[BaseModel] | None = None  # whose models these are (a rollout may speak two APIs)
+    raw: list[Any] = field(default_factory=list)
+    models: list[Any] = field(default_factory=list)
+
+
 class ApiAdapter(ABC):
     style: ClassVar[ApiStyle]
     request_model: ClassVar[type[Permissive]]
+    items_field: ClassVar[str] = "messages"  # the request's list of conversation items
     tool_call_id_prefix: ClassVar[str] = "call_"
     response_id_prefix: ClassVar[str] = "resp_"
 
-    def parse_request(self, body: Any) -> Any:
+    def parse_request(self, body: Any, previous: ValidatedItems | None = None) -> Any:
+        """The validated request (400 naming the bad field); with `previous`, items validated last call are
+        not validated again, and `previous` is updated for the next call."""
         if not isinstance(body, dict):
             raise ProxyError("invalid_request", "invalid request: the body must be a JSON object")
+        items = body.get(self.items_field)
+        data = body
+        if previous is not None and previous.request_model is self.request_model and isinstance(items, list):
+            old, models = previous.raw, previous.models
+            reused = [models[i] if i < len(old) and item is old[i] else item for i, item in enumerate(items)]
+            data = {**body, self.items_field: reused}
         try:
-            return self.request_model.model_validate(body)
+            request = self.request_model.model_validate(data)
         except ValidationError as exc:
             message, param = validation_message(exc)
             raise ProxyError("invalid_request", message, param) from None
+        validated = getattr(request, self.items_field, None)
+        if previous is not None and isinstance(items, list) and isinstance(validated, list):
+            previous.request_model, previous.raw, previous.models = self.request_model, items, validated
+        return request
 
     @abstractmethod
     def to_conversation(self, request: Any) -> Conversation: ...

@@ -115,6 +115,7 @@ def _summary_text(parts: list[Any] | None) -> str:
 class ResponsesAdapter(ApiAdapter):
     style: ClassVar[ApiStyle] = ApiStyle.OPENAI_RESPONSES
     request_model = ResponsesRequest
+    items_field = "input"
     tool_call_id_prefix = "call_"
     response_id_prefix = "resp_"
 
