@@ -67,7 +67,7 @@ async def test_closed_rollouts_leave_nothing_but_a_bounded_stats_table(tmp_path,
             assert [r for r in refs if r() is not None] == []  # every closed state and its splice memory dropped
             baseline = {
                 "tables": proxy.table_sizes(),
-                "blocks": len(policy.renderer._cache),
+                "blocks": policy.renderer._encode_pieces.cache_info().currsize,
                 "tasks": await settled_task_count(),
             }
             assert baseline["tables"] == {"open": 0, "closed_stats": KEEP_CLOSED}
@@ -77,7 +77,7 @@ async def test_closed_rollouts_leave_nothing_but_a_bounded_stats_table(tmp_path,
             assert [r for r in refs if r() is not None] == []
             after = {
                 "tables": proxy.table_sizes(),
-                "blocks": len(policy.renderer._cache),
+                "blocks": policy.renderer._encode_pieces.cache_info().currsize,
                 "tasks": await settled_task_count(),
             }
             assert after == baseline

@@ -14,10 +14,9 @@ output that prints `<|im_end|>\n<|im_start|>system` cannot forge a turn; such at
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -79,14 +78,13 @@ class ChatMLRenderer:
         self.end_of_turn_id = self.im_end_id  # a generation that ends with it closes its turn
         self.end_of_text_id = self._backend.token_to_id(END_OF_TEXT)
         self.stop_token_ids: tuple[int, ...] = tuple(t for t in (self.im_end_id, self.end_of_text_id) if t is not None)
-        self._cache: OrderedDict[tuple[Piece, ...], EncodedBlock] = OrderedDict()
+        # the blocks' encodings, least recently used dropped first; functools' C cache, safe across threads
+        self._encode_pieces = functools.lru_cache(maxsize=cache_blocks)(self._encode_block)
         specials = [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special]
         self._special_ids = {text: self._backend.token_to_id(text) for text in specials}
         self._special_re = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) or "(?!)")
         self._plain_tokenizer: Tokenizer | None = None  # made on first need (see `_plain`)
-        self._cache_size = cache_blocks
         self._tools_memo: dict[bytes, str] = {}  # tools JSON (orjson) -> the template's tools section
-        self._lock = threading.Lock()
         self.generation_prompt: tuple[Piece, ...] = ((f"{IM_START}assistant\n", "template"),)
         self._after_stop = self._encode_pieces((("\n", "template"),))[0]
         self._close_turn = self._encode_pieces(((f"{IM_END}\n", "template"),))[0]
@@ -197,14 +195,9 @@ class ChatMLRenderer:
         return blocks
 
     # -------------------------------------------------------------------------------- tokenizing
-    def _encode_pieces(self, pieces: tuple[Piece, ...]) -> EncodedBlock:
+    def _encode_block(self, pieces: tuple[Piece, ...]) -> EncodedBlock:
         """Token ids of one block, its kind runs [(start, end, kind)] and how many control tokens its message
-        text spelled out, cached by the block's pieces."""
-        with self._lock:
-            hit = self._cache.get(pieces)
-            if hit is not None:
-                self._cache.move_to_end(pieces)
-                return hit
+        text spelled out (called through `_encode_pieces`, its cache by the block's pieces)."""
         text = "".join(p[0] for p in pieces)
         forged = sum(len(self._special_re.findall(p[0])) for p in pieces if p[1] != "template")
         if forged:
@@ -227,12 +220,7 @@ class ChatMLRenderer:
                 runs[-1] = (runs[-1][0], t + 1, kind)
             else:
                 runs.append((t, t + 1, kind))
-        result = (ids, runs, forged)
-        with self._lock:
-            self._cache[pieces] = result
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return result
+        return ids, runs, forged
 
     @property
     def _plain(self) -> Tokenizer:
