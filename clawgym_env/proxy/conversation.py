@@ -110,16 +110,23 @@ def arguments_json(arguments: dict[str, Any] | str) -> str:
 
 
 def merge_consecutive_assistants(messages: list[Message]) -> list[Message]:
-    """One generation is one assistant turn; some APIs split it (Responses items, Anthropic retries)."""
+    """One generation is one assistant turn; some APIs split it (Responses items, Anthropic retries).
+
+    A merge makes a new Message: the ones given may be shared with earlier calls (`ApiAdapter.conversation_items`).
+    """
     merged: list[Message] = []
     for message in messages:
         if merged and message.role == "assistant" and merged[-1].role == "assistant":
             last = merged[-1]
-            if message.content:
-                last.content = f"{last.content}{message.content}" if last.content else message.content
-            last.tool_calls.extend(message.tool_calls)
-            if message.reasoning:
-                last.reasoning = (last.reasoning or "") + message.reasoning
+            content = (
+                f"{last.content}{message.content}"
+                if last.content and message.content
+                else (last.content or message.content)
+            )
+            reasoning = (last.reasoning or "") + message.reasoning if message.reasoning else last.reasoning
+            merged[-1] = Message(
+                "assistant", content, [*last.tool_calls, *message.tool_calls], reasoning, last.tool_call_id
+            )
             continue
         merged.append(message)
     return merged

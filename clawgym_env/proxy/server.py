@@ -658,7 +658,7 @@ class ServingProxy:
             raise ProxyError(
                 "token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget"
             )
-        conversation = adapter.to_conversation(parsed_request)
+        conversation = adapter.to_conversation(parsed_request, state.validated)
         rendered = renderer.render(conversation, splice=state.memory.find)
         prompt_ids = rendered.prompt_ids
         call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events

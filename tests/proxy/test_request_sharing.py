@@ -115,3 +115,36 @@ def test_items_validated_last_call_are_reused_and_new_ones_still_validated() -> 
     parsed = AnthropicAdapter().parse_request(memory.share(anthropic), validated)
     assert anthropic["messages"][0] is chat["messages"][0]  # shared by the request memory
     assert type(parsed.messages[0]).__name__ == "AnthropicMessage" and parsed.messages[0].content == "u"
+
+
+def test_items_converted_last_call_give_the_same_messages_and_merging_never_changes_them() -> None:
+    """A repeated item's Messages are the ones made from it last call; so no step may change a Message once
+    made. Responses splits one assistant turn into a reasoning item and a function_call item, which are
+    merged into one turn: done in place, the second call would merge into last call's merged turn again
+    (two tool calls, doubled reasoning)."""
+    from clawgym_env.proxy.apis import ResponsesAdapter
+    from clawgym_env.proxy.apis.base import ValidatedItems
+
+    adapter, memory, validated = ResponsesAdapter(), RequestMemory(), ValidatedItems()
+    body = {
+        "model": "m",
+        "input": [
+            {"type": "message", "role": "user", "content": "list files"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "use ls"}]},
+            {"type": "function_call", "name": "ls", "arguments": '{"path": "."}', "call_id": "c1"},
+            {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+        ],
+    }
+    conversations = []
+    for turn in range(3):
+        sent = copy.deepcopy(body)
+        sent["input"] += [{"type": "message", "role": "user", "content": f"go on {i}"} for i in range(turn)]
+        request = adapter.parse_request(memory.share(sent), validated)
+        conversations.append(adapter.to_conversation(request, validated))
+    fresh = adapter.to_conversation(adapter.parse_request(copy.deepcopy(sent)))  # no memory: converted anew
+    first, last = conversations[0], conversations[-1]
+    [assistant] = [m for m in last.messages if m.role == "assistant"]
+    assert [c.name for c in assistant.tool_calls] == ["ls"] and assistant.reasoning == "use ls"
+    assert last.messages == fresh.messages  # equal to a conversion from scratch
+    assert last.messages[0] is first.messages[0]  # the repeated user item's Message is last call's
+    assert last.messages[2] is first.messages[2]  # ...and the tool output's

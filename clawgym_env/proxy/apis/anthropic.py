@@ -16,6 +16,7 @@ from clawgym_env.proxy.apis.base import (
     CallOutput,
     EventWriter,
     Permissive,
+    ValidatedItems,
     chunks,
     content_text,
     sse,
@@ -102,19 +103,20 @@ class AnthropicAdapter(ApiAdapter):
     def requested_max_tokens(self, request: MessagesRequest) -> int | None:
         return request.max_tokens
 
-    def to_conversation(self, request: MessagesRequest | CountTokensRequest) -> Conversation:
+    def item_messages(self, msg: AnthropicMessage, param: str) -> list[Message]:
+        if isinstance(msg.content, str):
+            return [Message(msg.role, msg.content)]
+        if msg.role == "assistant":
+            return [self._assistant(msg.content, f"{param}.content")]
+        return self._user_or_system(msg.role, msg.content, f"{param}.content")
+
+    def to_conversation(
+        self, request: MessagesRequest | CountTokensRequest, previous: ValidatedItems | None = None
+    ) -> Conversation:
         messages: list[Message] = []
         if request.system:
             messages.append(Message("system", _blocks_text(request.system, "system")))
-        for i, msg in enumerate(request.messages):
-            param = f"messages.{i}.content"
-            if isinstance(msg.content, str):
-                messages.append(Message(msg.role, msg.content))
-                continue
-            if msg.role == "assistant":
-                messages.append(self._assistant(msg.content, param))
-            else:
-                messages.extend(self._user_or_system(msg.role, msg.content, param))
+        messages += self.conversation_items(request.messages, "messages", previous)
         tools = [
             ToolSpec(t.name, t.description or "", t.input_schema)
             for t in request.tools or ()

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from clawgym_env.proxy import jsonio
-from clawgym_env.proxy.conversation import Conversation, ToolCall
+from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.proxy.errors import ProxyError, validation_message
 from clawgym_env.specs import ApiStyle
 
@@ -62,12 +62,14 @@ class ValidatedItems:
     A harness resends the whole conversation every call, and the proxy's request sharing
     (clawgym_env.proxy.request_sharing) makes each repeated item *be* the earlier object. An item that is the
     very object validated last time is passed to pydantic as its validated model, which pydantic takes as it
-    is (`revalidate_instances="never"`), so a call validates only what it adds.
+    is (`revalidate_instances="never"`), so a call validates only what it adds; and that model's Messages
+    are the ones made from it last call (`ApiAdapter.conversation_items`), so it converts only what it adds.
     """
 
     request_model: type[BaseModel] | None = None  # whose models these are (a rollout may speak two APIs)
     raw: list[Any] = field(default_factory=list)
     models: list[Any] = field(default_factory=list)
+    converted: dict[int, tuple[Any, list[Message]]] = field(default_factory=dict)  # id(model) -> its messages
 
 
 class ApiAdapter(ABC):
@@ -99,7 +101,28 @@ class ApiAdapter(ABC):
         return request
 
     @abstractmethod
-    def to_conversation(self, request: Any) -> Conversation: ...
+    def to_conversation(self, request: Any, previous: ValidatedItems | None = None) -> Conversation:
+        """The request as a Conversation; with `previous` (see `parse_request`), items seen last call are not
+        converted again."""
+
+    def item_messages(self, item: Any, param: str) -> list[Message]:
+        """The Messages one conversation item (a message or an input item) stands for; `param` names it."""
+        raise NotImplementedError
+
+    def conversation_items(self, items: list[Any], param: str, previous: ValidatedItems | None) -> list[Message]:
+        """`item_messages` of each item, reusing what the same validated model gave last call (Messages are
+        never changed once made, so sharing them between calls is safe)."""
+        memo = previous.converted if previous is not None and previous.request_model is self.request_model else {}
+        made: dict[int, tuple[Any, list[Message]]] = {}
+        out: list[Message] = []
+        for i, item in enumerate(items):
+            seen = memo.get(id(item))
+            messages = seen[1] if seen is not None and seen[0] is item else self.item_messages(item, f"{param}.{i}")
+            made[id(item)] = (item, messages)  # holds the model, so its id is not reused while remembered
+            out += messages
+        if previous is not None:
+            previous.converted = made
+        return out
 
     @abstractmethod
     def requested_max_tokens(self, request: Any) -> int | None: ...

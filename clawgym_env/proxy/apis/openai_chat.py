@@ -11,7 +11,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from clawgym_env.proxy.apis.base import ApiAdapter, CallOutput, EventWriter, Permissive, chunks, content_text, sse
+from clawgym_env.proxy.apis.base import (
+    ApiAdapter,
+    CallOutput,
+    EventWriter,
+    Permissive,
+    ValidatedItems,
+    chunks,
+    content_text,
+    sse,
+)
 from clawgym_env.proxy.conversation import (
     Conversation,
     Message,
@@ -81,21 +90,19 @@ class ChatAdapter(ApiAdapter):
     def requested_max_tokens(self, request: ChatCompletionRequest) -> int | None:
         return request.max_completion_tokens or request.max_tokens
 
-    def to_conversation(self, request: ChatCompletionRequest) -> Conversation:
-        messages: list[Message] = []
-        for i, msg in enumerate(request.messages):
-            text = content_text(msg.content, f"messages.{i}.content")
-            if msg.role in ("system", "developer"):
-                messages.append(Message("system", text))
-            elif msg.role == "user":
-                messages.append(Message("user", text))
-            elif msg.role in ("tool", "function"):
-                messages.append(Message("tool", text, tool_call_id=msg.tool_call_id))
-            else:
-                calls = [
-                    ToolCall(c.function.name, parse_arguments(c.function.arguments), c.id) for c in msg.tool_calls or ()
-                ]
-                messages.append(Message("assistant", text, calls, reasoning=msg.reasoning_content or msg.reasoning))
+    def item_messages(self, msg: ChatMessage, param: str) -> list[Message]:
+        text = content_text(msg.content, f"{param}.content")
+        if msg.role in ("system", "developer"):
+            return [Message("system", text)]
+        if msg.role == "user":
+            return [Message("user", text)]
+        if msg.role in ("tool", "function"):
+            return [Message("tool", text, tool_call_id=msg.tool_call_id)]
+        calls = [ToolCall(c.function.name, parse_arguments(c.function.arguments), c.id) for c in msg.tool_calls or ()]
+        return [Message("assistant", text, calls, reasoning=msg.reasoning_content or msg.reasoning)]
+
+    def to_conversation(self, request: ChatCompletionRequest, previous: ValidatedItems | None = None) -> Conversation:
+        messages = self.conversation_items(request.messages, "messages", previous)
         tools = []
         for j, tool in enumerate(request.tools or ()):
             if tool.type != "function":

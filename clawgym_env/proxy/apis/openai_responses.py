@@ -24,6 +24,7 @@ from clawgym_env.proxy.apis.base import (
     CallOutput,
     EventWriter,
     Permissive,
+    ValidatedItems,
     chunks,
     content_text,
     mint_id,
@@ -122,7 +123,7 @@ class ResponsesAdapter(ApiAdapter):
     def requested_max_tokens(self, request: ResponsesRequest) -> int | None:
         return request.max_output_tokens
 
-    def to_conversation(self, request: ResponsesRequest) -> Conversation:
+    def to_conversation(self, request: ResponsesRequest, previous: ValidatedItems | None = None) -> Conversation:
         if request.previous_response_id:
             raise ProxyError(
                 "invalid_request",
@@ -136,13 +137,11 @@ class ResponsesAdapter(ApiAdapter):
         if isinstance(request.input, str):
             messages.append(Message("user", request.input))
         else:
-            for i, item in enumerate(request.input):
-                messages.extend(self._item(item, f"input.{i}"))
+            messages += self.conversation_items(request.input, "input", previous)
         tools, _ = flatten_tools(request.tools)
         return Conversation(merge_consecutive_assistants(messages), tools)
 
-    @staticmethod
-    def _item(item: InputItem, param: str) -> list[Message]:
+    def item_messages(self, item: InputItem, param: str) -> list[Message]:
         kind = item.type or ("message" if item.role else None)
         if kind == "message":
             role = item.role
