@@ -29,6 +29,7 @@ from clawgym_env.proxy.renderers.toolcall_parsing import _calls_from_json, split
 
 MARKERS = ("<tool_call>", "```")
 _CLOSED_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_LINE_STARTS_JSON = re.compile(r"\n[{\[]")  # a line that starts with `{` or `[` (the bracket is at start + 1)
 MAX_PENDING_IDS = 8  # ids held while they decode to an incomplete UTF-8 character
 
 Piece = tuple[Literal["reasoning", "text", "tool"], Any]
@@ -298,12 +299,14 @@ class StreamSplitter:
 
 
 def _first_hazard(body: str, lead: int, since: int) -> int | None:
-    """Where a tool call could begin (from `since` on): a marker, or `{` / `[` starting a line (bare JSON)."""
+    """Where a tool call could begin (from `since` on): a marker, or `{` / `[` starting a line (bare JSON)
+    or starting the answer (at `lead`). Searched by `str.find` and a regex, not character by character."""
     found = [i for i in (body.find(m, since) for m in MARKERS) if i >= 0]
-    for i in range(since, len(body)):
-        if body[i] in "{[" and (i == lead or body[i - 1] == "\n"):
-            found.append(i)
-            break
+    if since <= lead < len(body) and body[lead] in "{[":
+        found.append(lead)
+    line = _LINE_STARTS_JSON.search(body, max(since - 1, 0))
+    if line is not None:
+        found.append(line.start() + 1)
     return min(found) if found else None
 
 

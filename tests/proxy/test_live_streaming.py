@@ -486,3 +486,26 @@ async def test_calls_on_one_connection_share_its_lost_future_and_only_the_curren
     assert stopped.value.why == "disconnected"
     assert stopped.value.generation is not None and 0 < len(stopped.value.generation.token_ids) < 4000
     assert first.finished and first.chunks[-1].finish_reason is not None  # the first call ended normally
+
+
+def test_the_hazard_search_finds_what_a_character_by_character_scan_finds():
+    """`_first_hazard` searches with `str.find` and a regex; a plain scan of every character is the reference."""
+    import random
+
+    from clawgym_env.proxy.streaming import MARKERS, _first_hazard
+
+    def scan(body: str, lead: int, since: int) -> int | None:
+        found = [i for i in (body.find(m, since) for m in MARKERS) if i >= 0]
+        for i in range(since, len(body)):
+            if body[i] in "{[" and (i == lead or body[i - 1] == "\n"):
+                found.append(i)
+                break
+        return min(found) if found else None
+
+    rng = random.Random(0)
+    pieces = ["a", " ", "\n", "{", "[", "<tool_call>", "```", "}", "<tool", "`", "é"]
+    for _ in range(20_000):
+        body = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        lead = rng.randint(0, len(body))
+        since = rng.randint(lead, len(body))
+        assert _first_hazard(body, lead, since) == scan(body, lead, since), (body, lead, since)
