@@ -494,6 +494,7 @@ class VLLMServerPool:
                 results = await asyncio.gather(*(self._load(s, path, version) for s in live), return_exceptions=True)
                 for slot, result in zip(live, results):
                     if isinstance(result, BaseException):
+                        log.warning("%s could not load %s: %s: %s", slot.url, path.name, type(result).__name__, result)
                         self._lose(slot)
             self.stats.weight_updates += 1
             self.stats.weight_update_s += time.perf_counter() - started
