@@ -148,3 +148,32 @@ def test_items_converted_last_call_give_the_same_messages_and_merging_never_chan
     assert last.messages == fresh.messages  # equal to a conversion from scratch
     assert last.messages[0] is first.messages[0]  # the repeated user item's Message is last call's
     assert last.messages[2] is first.messages[2]  # ...and the tool output's
+
+
+def test_the_same_tools_are_validated_and_converted_once_and_a_changed_tool_is_seen() -> None:
+    """Harnesses send the same (sometimes dozens of) tools every call: repeated tools are last call's models
+    and ToolSpecs; a tool that changes gives new ones; an unsupported tool type is refused every time."""
+    from clawgym_env.proxy.apis import ChatAdapter
+    from clawgym_env.proxy.apis.base import ValidatedItems
+    from clawgym_env.proxy.errors import ProxyError
+
+    adapter, memory, validated = ChatAdapter(), RequestMemory(), ValidatedItems()
+    body = {"model": "m", "tools": copy.deepcopy(TOOLS), "messages": [{"role": "user", "content": "u"}]}
+
+    def conversation(sent: dict):
+        return adapter.to_conversation(adapter.parse_request(memory.share(sent), validated), validated)
+
+    first = conversation(copy.deepcopy(body))
+    second = conversation(copy.deepcopy(body))
+    assert second.tools is first.tools and [t.name for t in second.tools] == ["write"]
+
+    renamed = copy.deepcopy(body)
+    renamed["tools"][0]["function"]["name"] = "save"
+    third = conversation(renamed)
+    assert third.tools is not first.tools and [t.name for t in third.tools] == ["save"]
+
+    odd = copy.deepcopy(body)
+    odd["tools"].append({"type": "retrieval", "function": {"name": "x"}})
+    for _ in range(2):
+        with pytest.raises(ProxyError, match="not supported"):
+            conversation(copy.deepcopy(odd))

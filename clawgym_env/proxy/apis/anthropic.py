@@ -117,11 +117,15 @@ class AnthropicAdapter(ApiAdapter):
         if request.system:
             messages.append(Message("system", _blocks_text(request.system, "system")))
         messages += self.conversation_items(request.messages, "messages", previous)
-        tools = [
-            ToolSpec(t.name, t.description or "", t.input_schema)
-            for t in request.tools or ()
-            if t.input_schema is not None
-        ]
+        tools = self.conversation_tools(
+            request.tools,
+            previous,
+            lambda: [
+                ToolSpec(t.name, t.description or "", t.input_schema)
+                for t in request.tools or ()
+                if t.input_schema is not None
+            ],
+        )
         return Conversation(merge_consecutive_assistants(messages), tools)
 
     @staticmethod

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -13,6 +14,8 @@ from clawgym_env.proxy import jsonio
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.proxy.errors import ProxyError, validation_message
 from clawgym_env.specs import ApiStyle
+
+T = TypeVar("T")
 
 STREAM_CHUNK_CHARS = 96  # text and argument deltas are cut into pieces of this size
 
@@ -64,18 +67,21 @@ class ValidatedItems:
     very object validated last time is passed to pydantic as its validated model, which pydantic takes as it
     is (`revalidate_instances="never"`), so a call validates only what it adds; and that model's Messages
     are the ones made from it last call (`ApiAdapter.conversation_items`), so it converts only what it adds.
+    The tools are treated the same way (`ApiAdapter.conversation_tools`): a harness sends the same ones
+    every call, and some send dozens.
     """
 
     request_model: type[BaseModel] | None = None  # whose models these are (a rollout may speak two APIs)
-    raw: list[Any] = field(default_factory=list)
-    models: list[Any] = field(default_factory=list)
+    lists: dict[str, tuple[list[Any], list[Any]]] = field(default_factory=dict)  # field -> (as sent, validated)
     converted: dict[int, tuple[Any, list[Message]]] = field(default_factory=dict)  # id(model) -> its messages
+    tools: tuple[list[Any], Any] | None = None  # last call's validated tools and what they were converted into
 
 
 class ApiAdapter(ABC):
     style: ClassVar[ApiStyle]
     request_model: ClassVar[type[Permissive]]
     items_field: ClassVar[str] = "messages"  # the request's list of conversation items
+    tools_field: ClassVar[str] = "tools"
     tool_call_id_prefix: ClassVar[str] = "call_"
     response_id_prefix: ClassVar[str] = "resp_"
 
@@ -84,20 +90,28 @@ class ApiAdapter(ABC):
         not validated again, and `previous` is updated for the next call."""
         if not isinstance(body, dict):
             raise ProxyError("invalid_request", "invalid request: the body must be a JSON object")
-        items = body.get(self.items_field)
+        names = (self.items_field, self.tools_field)
         data = body
-        if previous is not None and previous.request_model is self.request_model and isinstance(items, list):
-            old, models = previous.raw, previous.models
-            reused = [models[i] if i < len(old) and item is old[i] else item for i, item in enumerate(items)]
-            data = {**body, self.items_field: reused}
+        if previous is not None and previous.request_model is self.request_model:
+            for name in names:
+                items, seen = body.get(name), previous.lists.get(name)
+                if isinstance(items, list) and seen is not None:
+                    old, models = seen
+                    reused = [models[i] if i < len(old) and item is old[i] else item for i, item in enumerate(items)]
+                    data = {**data, name: reused}
         try:
             request = self.request_model.model_validate(data)
         except ValidationError as exc:
             message, param = validation_message(exc)
             raise ProxyError("invalid_request", message, param) from None
-        validated = getattr(request, self.items_field, None)
-        if previous is not None and isinstance(items, list) and isinstance(validated, list):
-            previous.request_model, previous.raw, previous.models = self.request_model, items, validated
+        if previous is not None:
+            if previous.request_model is not self.request_model:
+                previous.request_model, previous.converted, previous.tools = self.request_model, {}, None
+            previous.lists = {
+                name: (body[name], getattr(request, name))
+                for name in names
+                if isinstance(body.get(name), list) and isinstance(getattr(request, name, None), list)
+            }
         return request
 
     @abstractmethod
@@ -108,6 +122,20 @@ class ApiAdapter(ABC):
     def item_messages(self, item: Any, param: str) -> list[Message]:
         """The Messages one conversation item (a message or an input item) stands for; `param` names it."""
         raise NotImplementedError
+
+    def conversation_tools(
+        self, tools: list[Any] | None, previous: ValidatedItems | None, convert: Callable[[], T]
+    ) -> T:
+        """`convert()` (the request's tools made into ToolSpecs), or last call's result when the validated tools
+        are the very same models (`parse_request` passed them on): what they give cannot have changed."""
+        seen = previous.tools if previous is not None else None
+        if seen is not None and tools is not None and len(seen[0]) == len(tools):
+            if all(a is b for a, b in zip(seen[0], tools)):
+                return seen[1]
+        result = convert()
+        if previous is not None:
+            previous.tools = (list(tools), result) if tools is not None else None
+        return result
 
     def conversation_items(self, items: list[Any], param: str, previous: ValidatedItems | None) -> list[Message]:
         """`item_messages` of each item, reusing what the same validated model gave last call (Messages are

@@ -103,22 +103,27 @@ class ChatAdapter(ApiAdapter):
 
     def to_conversation(self, request: ChatCompletionRequest, previous: ValidatedItems | None = None) -> Conversation:
         messages = self.conversation_items(request.messages, "messages", previous)
-        tools = []
-        for j, tool in enumerate(request.tools or ()):
+        tools = self.conversation_tools(request.tools, previous, lambda: self._tool_specs(request.tools))
+        return Conversation(merge_consecutive_assistants(messages), tools)
+
+    @staticmethod
+    def _tool_specs(tools: list[ChatTool] | None) -> list[ToolSpec]:
+        specs = []
+        for j, tool in enumerate(tools or ()):
             if tool.type != "function":
                 raise ProxyError(
                     "invalid_request",
                     f"tools.{j}.type {tool.type!r} is not supported; use 'function'",
                     f"tools.{j}.type",
                 )
-            tools.append(
+            specs.append(
                 ToolSpec(
                     tool.function.name,
                     tool.function.description or "",
                     tool.function.parameters or {"type": "object", "properties": {}},
                 )
             )
-        return Conversation(merge_consecutive_assistants(messages), tools)
+        return specs
 
     # ---------------------------------------------------------------------------------- output
     @staticmethod

@@ -138,7 +138,7 @@ class ResponsesAdapter(ApiAdapter):
             messages.append(Message("user", request.input))
         else:
             messages += self.conversation_items(request.input, "input", previous)
-        tools, _ = flatten_tools(request.tools)
+        tools, _ = self.conversation_tools(request.tools, previous, lambda: flatten_tools(request.tools))
         return Conversation(merge_consecutive_assistants(messages), tools)
 
     def item_messages(self, item: InputItem, param: str) -> list[Message]:
