@@ -53,6 +53,21 @@ class ToolSpec:
         }
 
 
+class ToolSpecs(list[ToolSpec]):
+    """A request's tools, as a list that also keeps what a renderer made of them (`rendered`, by renderer).
+
+    An adapter hands all of a rollout's calls the same ToolSpecs while the tools repeat
+    (`ApiAdapter.conversation_tools`), so a renderer makes its tools section once per rollout, and the
+    section is freed with the rollout. The list is never changed once made.
+    """
+
+    __slots__ = ("rendered",)
+
+    def __init__(self, specs: Any = ()) -> None:
+        super().__init__(specs)
+        self.rendered: dict[str, str] = {}
+
+
 @dataclass(slots=True)
 class Conversation:
     messages: list[Message]

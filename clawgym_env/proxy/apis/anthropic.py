@@ -26,6 +26,7 @@ from clawgym_env.proxy.conversation import (
     Message,
     ToolCall,
     ToolSpec,
+    ToolSpecs,
     arguments_json,
     merge_consecutive_assistants,
 )
@@ -120,11 +121,11 @@ class AnthropicAdapter(ApiAdapter):
         tools = self.conversation_tools(
             request.tools,
             previous,
-            lambda: [
+            lambda: ToolSpecs(
                 ToolSpec(t.name, t.description or "", t.input_schema)
                 for t in request.tools or ()
                 if t.input_schema is not None
-            ],
+            ),
         )
         return Conversation(merge_consecutive_assistants(messages), tools)
 

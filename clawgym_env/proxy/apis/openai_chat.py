@@ -26,6 +26,7 @@ from clawgym_env.proxy.conversation import (
     Message,
     ToolCall,
     ToolSpec,
+    ToolSpecs,
     arguments_json,
     merge_consecutive_assistants,
     parse_arguments,
@@ -107,8 +108,8 @@ class ChatAdapter(ApiAdapter):
         return Conversation(merge_consecutive_assistants(messages), tools)
 
     @staticmethod
-    def _tool_specs(tools: list[ChatTool] | None) -> list[ToolSpec]:
-        specs = []
+    def _tool_specs(tools: list[ChatTool] | None) -> ToolSpecs:
+        specs = ToolSpecs()
         for j, tool in enumerate(tools or ()):
             if tool.type != "function":
                 raise ProxyError(

@@ -34,6 +34,7 @@ from clawgym_env.proxy.conversation import (
     Message,
     ToolCall,
     ToolSpec,
+    ToolSpecs,
     arguments_json,
     merge_consecutive_assistants,
     parse_arguments,
@@ -81,9 +82,9 @@ def _tool_spec(tool: ResponsesTool, namespace: str | None) -> ToolSpec | None:
     return None  # hosted tools: the policy cannot call them
 
 
-def flatten_tools(tools: list[ResponsesTool] | None) -> tuple[list[ToolSpec], dict[str, tuple[str, str]]]:
+def flatten_tools(tools: list[ResponsesTool] | None) -> tuple[ToolSpecs, dict[str, tuple[str, str]]]:
     """The callable tools as the chat template sees them, and flat name -> (namespace, name) for namespaced ones."""
-    specs: list[ToolSpec] = []
+    specs = ToolSpecs()
     namespaced: dict[str, tuple[str, str]] = {}
     for tool in tools or ():
         if tool.type == "namespace" and tool.name:

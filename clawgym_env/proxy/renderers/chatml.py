@@ -113,8 +113,19 @@ class ChatMLRenderer:
         template's `tojson` (stdlib json, for its exact separators) costs ~25 us per tool per call.
 
         The key is orjson's encoding of the same dicts: equal keys mean equal values and key order, so equal
-        `tojson` text; orjson writes NaN/Infinity as null, so a key holding null is not memoized.
+        `tojson` text; orjson writes NaN/Infinity as null, so a key holding null is not memoized. Making the
+        key costs ~20 µs for 20 tools, so `ToolSpecs` also keep the section they got (`rendered`): a rollout's
+        calls share one ToolSpecs while the tools repeat, so the key is made once per rollout.
         """
+        rendered = getattr(tools, "rendered", None)  # ToolSpecs: a rollout's calls share one while tools repeat
+        if rendered is None:
+            return self._tools_text_of(tools)
+        text = rendered.get("chatml")
+        if text is None:
+            text = rendered["chatml"] = self._tools_text_of(tools)
+        return text
+
+    def _tools_text_of(self, tools: list[ToolSpec]) -> str:
         dicts = [t.as_template_tool() for t in tools]
         try:
             key = orjson.dumps(dicts)
