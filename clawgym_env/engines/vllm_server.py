@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.remote_engine import RemoteEngine
@@ -44,6 +45,7 @@ from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_b
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
 log = logging.getLogger(__name__)
+CLOSED_UNDER_REQUEST = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)  # the server is alive
 
 
 class ServerUnavailable(RuntimeError):
@@ -279,8 +281,27 @@ class VLLMServerPool:
         return cls([s.url for s in servers], servers=servers, **pool_options)
 
     # ------------------------------------------------------------------------------------ server RPCs
+    async def _post(self, url: str, body: Any = None) -> httpx.Response:
+        """POST to a server, again if the kept-alive connection it went out on was closed under it.
+
+        A server may close a connection right after an error answer; a request already sent on it then fails
+        with a read or protocol error although the server is alive, and the server would be counted lost
+        (seen in CI, after a failed broadcast join). The pool's RPCs are idempotent (versions, loads of a
+        file, leaving a group, resetting the prefix cache); a dead server refuses the new connection, which
+        is not retried.
+        """
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(3),
+            wait=wait_exponential(multiplier=0.05, max=0.5),
+            retry=retry_if_exception_type(CLOSED_UNDER_REQUEST),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._http.post(url, json=body)
+        raise AssertionError("unreachable")  # AsyncRetrying re-raises the last error
+
     async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
-        response = await self._http.post(f"{url}/collective_rpc", json={"method": method, "args": list(args)})
+        response = await self._post(f"{url}/collective_rpc", {"method": method, "args": list(args)})
         if response.status_code != 200:
             raise ServerUnavailable(
                 f"{url}/collective_rpc {method} answered {response.status_code}: {response.text[:300]}"
@@ -296,7 +317,7 @@ class VLLMServerPool:
 
     async def _load(self, slot: ServerSlot, checkpoint: Path, version: int) -> None:
         await self._rpc(slot.url, "clawgym_load_weights_from_file", str(checkpoint), str(version))
-        response = await self._http.post(f"{slot.url}/reset_prefix_cache")
+        response = await self._post(f"{slot.url}/reset_prefix_cache")
         if response.status_code != 200:
             raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
         slot.recent.clear()
@@ -565,7 +586,7 @@ class VLLMServerPool:
         finally:
             await asyncio.gather(*receives)
         for slot in live:
-            response = await self._http.post(f"{slot.url}/reset_prefix_cache")
+            response = await self._post(f"{slot.url}/reset_prefix_cache")
             if response.status_code != 200:
                 raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
             slot.recent.clear()
