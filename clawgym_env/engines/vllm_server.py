@@ -290,15 +290,13 @@ class VLLMServerPool:
         file, leaving a group, resetting the prefix cache); a dead server refuses the new connection, which
         is not retried.
         """
-        async for attempt in AsyncRetrying(
+        retrying = AsyncRetrying(
             stop=stop_after_attempt(3),
             wait=wait_exponential(multiplier=0.05, max=0.5),
             retry=retry_if_exception_type(CLOSED_UNDER_REQUEST),
             reraise=True,
-        ):
-            with attempt:
-                return await self._http.post(url, json=body)
-        raise AssertionError("unreachable")  # AsyncRetrying re-raises the last error
+        )
+        return await retrying(self._http.post, url, json=body)
 
     async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
         response = await self._post(f"{url}/collective_rpc", {"method": method, "args": list(args)})

@@ -71,7 +71,7 @@ from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.renderers.base import ParsedOutput
 from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.rollouts import ROLLOUT_ID_RE, RolloutState, RolloutStats, common_prefix_length
-from clawgym_env.proxy.streaming import Piece, StreamSplitter, StreamStopped, TokenFeed
+from clawgym_env.proxy.streaming import Piece, StreamSplitter, StreamStopped, TokenFeed, disconnect_watch
 from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
 from clawgym_env.specs import ApiStyle
 
@@ -99,13 +99,6 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield
-
-
-async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _connection_lost(request: Request) -> asyncio.Future[None] | None:
@@ -475,8 +468,8 @@ class ServingProxy:
             else engine.generate(prompt_ids, sampling)
         )
         generation = asyncio.ensure_future(coro)
-        lost = _connection_lost(request)  # shared by the connection's calls: waited on, never cancelled
-        watcher = lost if lost is not None else asyncio.ensure_future(_wait_for_disconnect(request.receive))
+        lost = _connection_lost(request)
+        watcher = disconnect_watch(request.receive, lost)
         try:
             done, _ = await asyncio.wait(
                 (generation, watcher), timeout=self.engine_timeout_s, return_when=asyncio.FIRST_COMPLETED

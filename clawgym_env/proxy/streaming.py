@@ -49,6 +49,14 @@ async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]])
             return
 
 
+def disconnect_watch(
+    receive: Callable[[], Awaitable[dict[str, Any]]], lost: asyncio.Future[None] | None
+) -> asyncio.Future[None]:
+    """A future done once the client leaves: the connection's own `lost` future when there is one (shared
+    by its calls: never cancel it), else a task reading `receive()` until "http.disconnect" (cancel it)."""
+    return lost if lost is not None else asyncio.ensure_future(_wait_for_disconnect(receive))
+
+
 class TokenFeed:
     """One call's token stream, read under a deadline while watching for a disconnect.
 
@@ -81,10 +89,8 @@ class TokenFeed:
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._pump = asyncio.ensure_future(self._read())
-        # the client's leaving: the connection's own future (`lost`, shared: never cancelled here), else a
-        # task reading `receive()` until it says "http.disconnect"
         self._lost = lost
-        self._watcher = lost if lost is not None else asyncio.ensure_future(_wait_for_disconnect(receive))
+        self._watcher = disconnect_watch(receive, lost)
         self._watcher.add_done_callback(self._on_lost)
         self._timer = loop.call_at(deadline, self._time_out)
         self._tick = loop.call_later(tick_s, self._on_tick) if tick_s > 0 else None

@@ -140,7 +140,7 @@ class ApiAdapter(ABC):
     def conversation_items(self, items: list[Any], param: str, previous: ValidatedItems | None) -> list[Message]:
         """`item_messages` of each item, reusing what the same validated model gave last call (Messages are
         never changed once made, so sharing them between calls is safe)."""
-        memo = previous.converted if previous is not None and previous.request_model is self.request_model else {}
+        memo = previous.converted if previous is not None else {}  # `parse_request` empties it for another API
         made: dict[int, tuple[Any, list[Message]]] = {}
         out: list[Message] = []
         for i, item in enumerate(items):
