@@ -815,10 +815,12 @@ class ServingProxy:
         async def pump(send: Callable[[bytes], Awaitable[None]]) -> None:
             head: list[bytes] = []  # the opening events while they wait to go out with the end
             try:
-                head = writer.start() + _write(writer, splitter.feed(first.token_ids if first else []))
-                if not feed.finished:  # more to come: the first tokens go out now (else with the end, in one write)
-                    await send(b"".join(head))
+                head = writer.start()
+                if not feed.finished:  # more to come: the first tokens go out now
+                    await send(b"".join(head + _write(writer, splitter.feed(first.token_ids if first else []))))
                     head = []
+                # else the generation is whole already: nothing can go out early, so the splitter is skipped
+                # and the final parse is sent with the opening events, in one write
                 last_sent = loop.time()
                 while (chunk := await feed.next()) is not None:
                     events = _write(writer, splitter.feed(chunk.token_ids))
