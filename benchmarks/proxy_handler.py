@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.proxy_handler                  # 4-call and 32-call rollouts, µs per call
     .venv/bin/python -m benchmarks.proxy_handler --calls 32 --profile /tmp/handler.prof
+    .venv/bin/python -m benchmarks.proxy_handler --chunk-tokens 1      # the engine streams token by token
 
 `benchmarks.proxy_load` measures the proxy as harnesses see it (HTTP, a client in its own process, calls
 per proxy CPU-second). This one takes the HTTP server, the sockets and the client out: each call is a scope,
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 
 from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
-from benchmarks.proxy_load import FastTestEngine, next_turn, use_uvloop
+from benchmarks.proxy_load import FastTestEngine, StreamingFastTestEngine, next_turn, use_uvloop
 
 
 async def _serve_one(app: Any, scope: dict[str, Any], body: bytes) -> tuple[int, bytes]:
@@ -53,7 +54,9 @@ async def _serve_one(app: Any, scope: dict[str, Any], body: bytes) -> tuple[int,
     return status, b"".join(out)
 
 
-async def measure(rollouts: int, calls: int, concurrency: int = 1, profile: Path | None = None) -> dict[str, Any]:
+async def measure(
+    rollouts: int, calls: int, concurrency: int = 1, profile: Path | None = None, chunk_tokens: int = 0
+) -> dict[str, Any]:
     """Run `rollouts` rollouts of `calls` streamed Chat Completions calls through the handler; µs per call."""
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy, RolloutLimits
@@ -61,7 +64,12 @@ async def measure(rollouts: int, calls: int, concurrency: int = 1, profile: Path
     from clawgym_env.proxy.fastpath import HotRoutes
 
     tokenizer = load_qwen_tokenizer()
-    policy = Policy(engine=FastTestEngine(tokenizer, COMPLETIONS), renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
+    engine = (
+        StreamingFastTestEngine(tokenizer, COMPLETIONS, chunk_tokens)
+        if chunk_tokens
+        else FastTestEngine(tokenizer, COMPLETIONS)
+    )
+    policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
     proxy = ServingProxy(Path(tempfile.mkdtemp(prefix="proxy-handler-")), port=0, unix_socket=None)
     await proxy.start()
     app = HotRoutes(proxy.app, proxy._hot_routes())
@@ -137,6 +145,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--runs", type=int, default=3, help="runs per row; the lowest is the one to compare")
     parser.add_argument("--profile", type=Path, help="cProfile (CPU clock) of the last run into this file")
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
+    parser.add_argument(
+        "--chunk-tokens", type=int, default=0, help="the engine streams this many ids per chunk (0: one chunk per call)"
+    )
     args = parser.parse_args(argv)
     if args.loop == "uvloop":
         use_uvloop()
@@ -146,7 +157,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         runs = []
         for run in range(args.runs):
             last = run == args.runs - 1
-            runs.append(asyncio.run(measure(rollouts, calls, args.concurrency, args.profile if last else None)))
+            runs.append(
+                asyncio.run(
+                    measure(rollouts, calls, args.concurrency, args.profile if last else None, args.chunk_tokens)
+                )
+            )
         best = min(runs, key=lambda r: r["handler_us_per_call"])
         best["runs_us"] = [round(r["handler_us_per_call"]) for r in runs]
         rows.append(best)

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.proxy_load                      # N = 1, 64, 1000; calls/s proxy vs direct
     .venv/bin/python -m benchmarks.proxy_load --levels 1000 --rounds 3 --clients 2
+    .venv/bin/python -m benchmarks.proxy_load --levels 64 --chunk-tokens 1 --token-delay-ms 5   # streamed tokens
 
 Three kinds of process, so the numbers say what the proxy costs and not what its client costs:
 
@@ -96,6 +97,29 @@ class FastTestEngine:
 
     def update_weights(self, state_dict: Any, version: int) -> None:
         self.policy_version = version
+
+
+class StreamingFastTestEngine(FastTestEngine):
+    """FastTestEngine with a `stream()` that yields each completion `chunk_tokens` ids at a time, `token_delay_s`
+    apart (0: one event-loop turn), as a decoder streaming per step does (vLLM: a chunk per token per step)."""
+
+    def __init__(self, tokenizer: Any, completions: list[str], chunk_tokens: int = 1, token_delay_s: float = 0.0):
+        super().__init__(tokenizer, completions)
+        self.chunk_tokens, self.token_delay_s = chunk_tokens, token_delay_s
+
+    async def stream(self, prompt_ids: list[int], sampling: Any, *, request_id: str | None = None) -> Any:
+        from clawgym_env.interfaces import TokenChunk
+
+        generation = await self.generate(prompt_ids, sampling)
+        ids, step = generation.token_ids, self.chunk_tokens
+        for start in range(0, len(ids), step):
+            await asyncio.sleep(self.token_delay_s * step)
+            last = start + step >= len(ids)
+            yield TokenChunk(
+                ids[start : start + step],
+                [0.0] * len(ids[start : start + step]),
+                generation.finish_reason if last else None,
+            )
 
 
 class LoopLag:
@@ -248,7 +272,11 @@ async def serve(args: argparse.Namespace) -> None:
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy
 
     tokenizer = load_qwen_tokenizer()
-    engine = FastTestEngine(tokenizer, COMPLETIONS, args.engine_delay_ms / 1e3)
+    engine = (
+        StreamingFastTestEngine(tokenizer, COMPLETIONS, args.chunk_tokens, args.token_delay_ms / 1e3)
+        if args.chunk_tokens
+        else FastTestEngine(tokenizer, COMPLETIONS, args.engine_delay_ms / 1e3)
+    )
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
     proxy = ServingProxy(args.run_dir, port=0, unix_socket=None, fsync=args.fsync)
     await proxy.start()
@@ -453,9 +481,17 @@ async def client(args: argparse.Namespace) -> None:
 class ProxyProcess:
     """The proxy process, driven by JSON lines on its stdin."""
 
-    def __init__(self, run_dir: Path, engine_delay_ms: float = 0.0, fsync: bool = False, loop: str = "uvloop") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        engine_delay_ms: float = 0.0,
+        fsync: bool = False,
+        loop: str = "uvloop",
+        stream: tuple[int, float] = (0, 0.0),
+    ) -> None:
         cmd = [sys.executable, "-m", "benchmarks.proxy_load", "serve", "--run-dir", str(run_dir), "--loop", loop]
         cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
+        cmd += ["--chunk-tokens", str(stream[0]), "--token-delay-ms", str(stream[1])]
         if os.environ.get("PROXY_LOAD_GC_THRESHOLD"):
             cmd += ["--gc-threshold", os.environ["PROXY_LOAD_GC_THRESHOLD"]]
         if os.environ.get("PROXY_LOAD_PROFILE"):
@@ -586,11 +622,13 @@ def bench(
     engine_delay_ms: float = 0.0,
     fsync: bool = False,
     loop: str = "uvloop",
+    stream: tuple[int, float] = (0, 0.0),
 ) -> dict[str, Any]:
+    """`stream`: (ids per chunk, ms per token) of a streaming engine double; (0, 0) replays each answer whole."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="clawgym-proxy-load-") as tmp:
         work = Path(tmp)
-        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop)
+        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop, stream)
         try:
             run_level(proxy, 8, 16, 2, 1, work)  # warm-up: imports, block cache, first connections
             rss_start = proxy.ask("stats")["rss_mb"]
@@ -610,6 +648,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     s = sub.add_parser("serve")
     s.add_argument("--run-dir", type=Path, required=True)
     s.add_argument("--engine-delay-ms", type=float, default=0.0)
+    s.add_argument("--chunk-tokens", type=int, default=0)
+    s.add_argument("--token-delay-ms", type=float, default=0.0)
     s.add_argument("--fsync", action="store_true")
     s.add_argument("--profile", type=Path, help="cProfile each level's serving into this file")
     s.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
@@ -625,6 +665,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--clients", type=int, default=1, help="client processes for N >= 64")
     parser.add_argument("--min-rollouts", type=int, default=256, help="rollouts per level at least")
     parser.add_argument("--engine-delay-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--chunk-tokens", type=int, default=0, help="the engine streams this many ids per chunk (0: each answer whole)"
+    )
+    parser.add_argument("--token-delay-ms", type=float, default=0.0, help="with --chunk-tokens: ms per token")
     parser.add_argument("--fsync", action="store_true", help="the proxy's CallLog fsyncs (group commit)")
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"), help="the proxy process's loop")
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -640,7 +684,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     levels = [int(x) for x in args.levels.split(",")]
     report = bench(
-        levels, args.calls, args.rounds, args.clients, args.min_rollouts, args.engine_delay_ms, args.fsync, args.loop
+        levels,
+        args.calls,
+        args.rounds,
+        args.clients,
+        args.min_rollouts,
+        args.engine_delay_ms,
+        args.fsync,
+        args.loop,
+        (args.chunk_tokens, args.token_delay_ms),
     )
     print(
         f"proxy loop {report['loop']}; proxy RSS {report['rss_start_mb']:.0f} MB after warm-up, "

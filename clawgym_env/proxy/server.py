@@ -121,6 +121,8 @@ class ServingProxy:
     guards: the limits that keep one rollout from costing the others (`ProxyGuards`; defaults fit harnesses).
     live_streaming: a `stream: true` call is sent as the engine decodes (True), or whole at the end (False,
     the behaviour before issue #18; kept for comparison).
+    stream_min_gap_s: after a live stream's first tokens, tokens decoded within this long of its previous send
+    go out together (`TokenFeed.min_gap_s`): fewer, larger sends per stream; 0 sends every engine chunk.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class ServingProxy:
         guards: ProxyGuards | None = None,
         live_streaming: bool = True,
         stream_keepalive_s: float = 10.0,
+        stream_min_gap_s: float = 0.05,
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("ServingProxy needs somewhere to listen: a unix_socket path (or 'auto') and/or a port")
@@ -149,6 +152,7 @@ class ServingProxy:
         self.engine_timeout_s = engine_timeout_s
         self.live_streaming = live_streaming
         self.stream_keepalive_s = stream_keepalive_s  # a live stream silent this long gets a keep-alive event
+        self.stream_min_gap_s = stream_min_gap_s
         self.endpoint = ProxyEndpoint(host=host, port=port, public_url=public_url)
         self._rollouts: dict[str, RolloutState] = {}
         self.keep_closed = keep_closed
@@ -796,6 +800,7 @@ class ServingProxy:
             loop.time() + self.engine_timeout_s,
             tick_s=self.stream_keepalive_s / 2,
             lost=_connection_lost(request),
+            min_gap_s=self.stream_min_gap_s,
         )
         try:
             first = await feed.next()

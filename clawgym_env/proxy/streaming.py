@@ -64,6 +64,12 @@ class TokenFeed:
     previous `next()` as one chunk. So the per-token cost is one event wake-up, not a task and a wait per
     token, and tokens that pile up while the proxy is busy (many streams, a slow client) go out in one
     send instead of one each. The deadline is one timer for the whole call.
+
+    `min_gap_s` paces the hand-outs after the first: tokens that come sooner than that after the previous
+    hand-out wait for the gap to end, and go out together. An engine streams one chunk per token per decode
+    step, and each hand-out costs the proxy a wake-up, a decode, SSE events and a socket write, so at
+    1,000 streams that per-token work, not the call, is what a proxy core spends. The first tokens, the end
+    of the generation, a disconnect, the deadline and keep-alive ticks are never held back.
     """
 
     def __init__(
@@ -76,8 +82,9 @@ class TokenFeed:
         deadline: float,
         tick_s: float = 0.0,
         lost: asyncio.Future[None] | None = None,
+        min_gap_s: float = 0.0,
     ) -> None:
-        self.engine, self.request_id, self.tick_s = engine, request_id, tick_s
+        self.engine, self.request_id, self.tick_s, self.min_gap_s = engine, request_id, tick_s, min_gap_s
         self.chunks: list[TokenChunk] = []  # as the engine gave them (the recorded generation)
         self.finished = False  # next() returns None from now on
         self._iter: AsyncIterator[TokenChunk] = stream_tokens(engine, prompt_ids, sampling, request_id)
@@ -87,7 +94,9 @@ class TokenFeed:
         self._timed_out = False
         self._ticked = False
         self._wake = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        self._quiet_until = 0.0  # loop time before which new tokens wait (min_gap_s after a hand-out)
+        self._paced: asyncio.TimerHandle | None = None  # the wake-up at `_quiet_until` for held tokens
+        loop = self._loop = asyncio.get_running_loop()
         self._pump = asyncio.ensure_future(self._read())
         self._lost = lost
         self._watcher = disconnect_watch(receive, lost)
@@ -99,6 +108,10 @@ class TokenFeed:
         return collect(self.chunks)
 
     def _on_lost(self, _: asyncio.Future[None]) -> None:
+        self._wake.set()
+
+    def _end_quiet(self) -> None:
+        self._paced = None
         self._wake.set()
 
     def _time_out(self) -> None:
@@ -114,9 +127,12 @@ class TokenFeed:
         try:
             async for chunk in self._iter:
                 self.chunks.append(chunk)
-                self._wake.set()
                 if chunk.finish_reason is not None:
-                    break
+                    break  # `finally` wakes the reader: the end is never held back
+                if self._loop.time() >= self._quiet_until:
+                    self._wake.set()
+                elif self._paced is None:
+                    self._paced = self._loop.call_at(self._quiet_until, self._end_quiet)
         except Exception as exc:
             self._error = exc
         finally:
@@ -134,10 +150,12 @@ class TokenFeed:
                 raise StreamStopped("disconnected", await self._stop())
             if self._timed_out and not self._ended:  # the deadline holds even while tokens keep coming
                 raise StreamStopped("timeout", await self._stop())
-            if self._handed < len(self.chunks):
+            if self._handed < len(self.chunks) and (self._ended or self._loop.time() >= self._quiet_until):
                 chunk = _merged(self.chunks[self._handed :])
                 self._handed = len(self.chunks)
                 self.finished = chunk.finish_reason is not None
+                if self.min_gap_s:
+                    self._quiet_until = self._loop.time() + self.min_gap_s
                 return chunk
             if self._ended:
                 self.finished = True
@@ -155,6 +173,8 @@ class TokenFeed:
 
     def _cancel_timers(self) -> None:
         self._timer.cancel()
+        if self._paced is not None:
+            self._paced.cancel()
         if self._tick is not None:
             self._tick.cancel()
 

@@ -455,6 +455,58 @@ async def test_keepalive_ticks_wait_for_the_first_tokens(tokenizer):
     assert ticks >= 1  # between later tokens (0.1 s apart) the 0.05 s ticks do come
 
 
+async def test_paced_feed_sends_fewer_larger_chunks_but_never_holds_back_the_first_or_the_end(tokenizer):
+    """`min_gap_s`: tokens decoded 10 ms apart go out at most every 50 ms after the first hand-out, all of
+    them, in order; the first tokens and the final chunk go out as soon as the engine yields them."""
+    from clawgym_env.interfaces import SamplingParams
+    from clawgym_env.proxy.streaming import TokenFeed
+
+    class Timed(ScriptedTestEngine):  # a test double that notes when it yields the final chunk
+        async def stream(self, prompt_ids, sampling, *, request_id=None):
+            async for chunk in super().stream(prompt_ids, sampling, request_id=request_id):
+                if chunk.finish_reason is not None:
+                    self.final_at = time.perf_counter()
+                yield chunk
+
+    async def never_disconnects() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    text = "one two three four five six seven eight nine ten " * 3
+
+    async def hand_outs(min_gap_s: float, completion: str = text) -> tuple[list[tuple[float, list[int]]], Timed]:
+        engine = Timed(tokenizer, [completion], token_delay_s=0.01)
+        loop = asyncio.get_running_loop()
+        feed = TokenFeed(
+            engine,
+            [1, 2],
+            SamplingParams(max_tokens=200),
+            "r",
+            never_disconnects,
+            loop.time() + 30,
+            min_gap_s=min_gap_s,
+        )
+        out = []
+        while (chunk := await feed.next()) is not None:
+            out.append((time.perf_counter(), chunk.token_ids))
+        await feed.aclose()
+        assert [t for _, ids in out for t in ids] == [t for c in feed.chunks for t in c.token_ids]
+        return out, engine
+
+    every, _ = await hand_outs(0.0)
+    paced, engine = await hand_outs(0.05)
+    tokens = sum(len(ids) for _, ids in paced)
+    assert tokens == sum(len(ids) for _, ids in every) > 30
+    assert len(every) >= tokens - 2  # unpaced: about one hand-out per token
+    assert len(paced) <= 2 + (paced[-1][0] - paced[0][0]) / 0.05 + 1, len(paced)  # paced: one per 50 ms window
+    assert len(paced[0][1]) <= 2  # the first tokens were not held back
+    gaps = [b[0] - a[0] for a, b in zip(paced[:-2], paced[1:-1], strict=True)]
+    assert min(gaps) >= 0.04, gaps  # between the first and the end, sends are at least the gap apart
+    # A generation that ends 30 ms into a 300 ms gap: the end goes out with the held tokens at once.
+    short, engine = await hand_outs(0.3, "one two three")
+    assert len(short) == 2 and short[-1][0] - engine.final_at < 0.15, (short, engine.final_at)
+
+
 async def test_calls_on_one_connection_share_its_lost_future_and_only_the_current_one_stops(tokenizer):
     """A keep-alive connection's calls watch one shared `lost` future (GuardedHttpProtocol.lost): a finished
     call must leave it as it was (not cancelled, no wake-up of a closed feed), and when the connection goes
