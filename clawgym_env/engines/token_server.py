@@ -37,6 +37,7 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     stream: bool = False
+    stream_interval: int = Field(default=1, ge=1)  # tokens per streamed chunk after the first (vLLM >= 0.12)
     model_config = {"extra": "allow"}
 
 
@@ -92,7 +93,8 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
         return choice
 
     async def stream_completion(req: CompletionRequest, sampling: SamplingParams) -> StreamingResponse:
-        """vLLM's `stream: true`: one SSE chunk per engine chunk (ids and logprobs of the new tokens)."""
+        """vLLM's `stream: true`: an SSE chunk per engine chunk (ids and logprobs of the new tokens); with
+        `stream_interval`, as vLLM does: the first chunk at once, then one per that many tokens, and the end."""
         chunks = stream_tokens(engine, list(req.prompt), sampling)  # type: ignore[arg-type]
         try:
             first = await anext(chunks)
@@ -100,14 +102,21 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
             raise HTTPException(400, str(exc)) from exc
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
 
+        def event(ids: list[int], logprobs: list[float], finish: Any) -> str:
+            choice = completion_choice(req, ids, logprobs, finish)
+            return f"data: {json.dumps({**head, 'model': model_name, 'choices': [choice]})}\n\n"
+
         async def events():
-            chunk = first
-            while True:
-                choice = completion_choice(req, chunk.token_ids, chunk.logprobs, chunk.finish_reason)
-                yield f"data: {json.dumps({**head, 'model': model_name, 'choices': [choice]})}\n\n"
-                if chunk.finish_reason is not None:
-                    break
+            yield event(first.token_ids, first.logprobs, first.finish_reason)
+            finish = first.finish_reason
+            ids: list[int] = []
+            logprobs: list[float] = []
+            while finish is None:
                 chunk = await anext(chunks)
+                ids, logprobs, finish = ids + chunk.token_ids, logprobs + chunk.logprobs, chunk.finish_reason
+                if finish is not None or len(ids) >= req.stream_interval:
+                    yield event(ids, logprobs, finish)
+                    ids, logprobs = [], []
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -109,6 +109,23 @@ async def test_vllm_stream_yields_what_generate_returns(token_server, chat_promp
     await remote.aclose()
 
 
+@pytest.mark.parametrize("interval", [1, 4])
+async def test_vllm_stream_interval_sends_fewer_chunks_of_the_same_generation(token_server, chat_prompt, interval):
+    """`stream_interval`: the first token at once, then a chunk per `interval` tokens, then the end; the
+    ids and logprobs are the generation's, none lost or repeated."""
+    url, local = token_server
+    remote = RemoteEngine(url, stream_interval=interval)
+    s = SamplingParams(max_tokens=15, seed=2, temperature=0.9)
+    chunks = [chunk async for chunk in remote.stream(chat_prompt, s)]
+    want = await local.generate(chat_prompt, s)
+    sizes = [len(c.token_ids) for c in chunks if c.token_ids]  # the engine may end on an empty chunk
+    assert sizes == [1] + [interval] * (14 // interval) + ([14 % interval] if 14 % interval else [])
+    assert [t for c in chunks for t in c.token_ids] == want.token_ids
+    assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(want.logprobs, abs=1e-4)
+    assert chunks[-1].finish_reason == "length"
+    await remote.aclose()
+
+
 def test_one_engine_serves_one_event_loop_after_another(tiny_model, qwen_tok, chat_prompt):
     """An evaluation runs each harness in its own Runtime (its own event loop) on one engine: httpx's pooled
     connections belong to the loop that opened them, so each loop gets its own client (before, the second
@@ -140,3 +157,29 @@ def test_one_engine_serves_one_event_loop_after_another(tiny_model, qwen_tok, ch
         server.should_exit = True
         thread.join(10)
         engine.close()
+
+
+async def test_streamed_calls_reuse_one_kept_alive_connection(tiny_model, qwen_tok, chat_prompt):
+    """Each streamed call reads its response to the end, so the next call goes over the same connection: a
+    response left unread closes it, and a new TCP connection per call costs ~1 ms of this process's CPU
+    and, at thousands of calls a second, leaves the host's ephemeral ports in TIME_WAIT."""
+    engine = TransformersEngine(tiny_model, qwen_tok)
+    app = make_token_server(engine, "m", qwen_tok)
+    peers: list[int] = []
+
+    @app.middleware("http")
+    async def note_peer(request, call_next):
+        peers.append(request.client.port)
+        return await call_next(request)
+
+    port = free_port()
+    server, task = await serve(app, port)
+    remote = RemoteEngine(f"http://127.0.0.1:{port}", model="m")
+    for seed in range(3):
+        chunks = [chunk async for chunk in remote.stream(chat_prompt, SamplingParams(max_tokens=3, seed=seed))]
+        assert chunks[-1].finish_reason == "length"
+    assert len(peers) == 3 and len(set(peers)) == 1, peers
+    await remote.aclose()
+    server.should_exit = True
+    await task
+    engine.close()

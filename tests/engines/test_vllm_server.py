@@ -137,13 +137,16 @@ async def test_killed_server_fails_only_its_rollouts_then_restart_is_survived(po
 
 async def test_stream_through_the_pool_equals_generate(pool, qwen_tok):
     """`stream()` routes like `generate()` (the next turn goes to the server holding the context) and
-    yields the same ids and logprobs in several chunks, stamped with the server's policy version."""
+    yields the same ids and logprobs in several chunks (the first token, then 4 per chunk), stamped with the
+    server's policy version."""
     (first,) = prompts(qwen_tok, 1, "stream")
     sampling = SamplingParams(max_tokens=12, seed=3)
     whole = await pool.generate(first, sampling)
     (owner,) = holder(pool, first + whole.token_ids)
     chunks = [chunk async for chunk in pool.stream(first, sampling)]
     assert len(chunks) > 2 and chunks[-1].finish_reason == whole.finish_reason
+    sizes = [len(c.token_ids) for c in chunks if c.token_ids]  # vLLM's stream_interval (RemoteEngine asks for 4)
+    assert sizes[0] == 1 and set(sizes[1:-1]) == {4} and 0 < sizes[-1] <= 4, sizes
     assert [t for c in chunks for t in c.token_ids] == whole.token_ids
     assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(whole.logprobs, abs=1e-4)
     assert {c.policy_version for c in chunks} == {whole.policy_version}
