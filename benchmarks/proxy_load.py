@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.proxy_load                      # N = 1, 64, 1000; calls/s proxy vs direct
     .venv/bin/python -m benchmarks.proxy_load --levels 1000 --rounds 3 --clients 2
     .venv/bin/python -m benchmarks.proxy_load --levels 64 --chunk-tokens 1 --token-delay-ms 5   # streamed tokens
+    .venv/bin/python -m benchmarks.proxy_load --levels 64 --remote --chunk-tokens 1   # ... read from a vLLM-style server
 
 Three kinds of process, so the numbers say what the proxy costs and not what its client costs:
 
@@ -265,6 +266,47 @@ async def capture_answers(port: int, proxy: Any, policy: Any, calls: int) -> lis
     return [b"%x\r\n%s\r\n0\r\n\r\n" % (len(a), a) for a in answers]  # one chunk, then the last
 
 
+def engine_double(tokenizer: Any, args: argparse.Namespace) -> FastTestEngine:
+    if args.chunk_tokens:
+        return StreamingFastTestEngine(tokenizer, COMPLETIONS, args.chunk_tokens, args.token_delay_ms / 1e3)
+    return FastTestEngine(tokenizer, COMPLETIONS, args.engine_delay_ms / 1e3)
+
+
+def engine_server(args: argparse.Namespace) -> None:
+    """`--remote`'s engine process: the engine double behind `token_server` (the vLLM token API stand-in)."""
+    import uvicorn
+
+    from clawgym_env.engines.token_server import make_token_server
+    from clawgym_env.engines.tokenizer import load_qwen_tokenizer
+
+    tokenizer = load_qwen_tokenizer()
+    app = make_token_server(engine_double(tokenizer, args), "policy", tokenizer)  # type: ignore[arg-type]
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="error", loop="uvloop")
+
+
+async def remote_engine(args: argparse.Namespace) -> tuple[Any, subprocess.Popen[bytes]]:
+    """A RemoteEngine (what a vLLM server is reached by) on a started `engine-server` process."""
+    import httpx
+
+    from clawgym_env.engines.remote_engine import RemoteEngine
+    from clawgym_env.engines.vllm_server import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "benchmarks.proxy_load", "engine-server", "--port", str(port)]
+    cmd += ["--chunk-tokens", str(args.chunk_tokens), "--token-delay-ms", str(args.token_delay_ms)]
+    cmd += ["--engine-delay-ms", str(args.engine_delay_ms)]
+    process = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient() as client:
+        for _ in range(600):
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                await asyncio.sleep(0.1)
+    return RemoteEngine(url, model="policy"), process
+
+
 async def serve(args: argparse.Namespace) -> None:
     """The proxy process: JSON commands on stdin, one JSON answer line each on stdout."""
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
@@ -272,11 +314,11 @@ async def serve(args: argparse.Namespace) -> None:
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy
 
     tokenizer = load_qwen_tokenizer()
-    engine = (
-        StreamingFastTestEngine(tokenizer, COMPLETIONS, args.chunk_tokens, args.token_delay_ms / 1e3)
-        if args.chunk_tokens
-        else FastTestEngine(tokenizer, COMPLETIONS, args.engine_delay_ms / 1e3)
-    )
+    engine_server: subprocess.Popen[bytes] | None = None
+    if args.remote:  # the engine double behind the vLLM-style token API, in a process of its own
+        engine, engine_server = await remote_engine(args)
+    else:
+        engine = engine_double(tokenizer, args)
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
     proxy = ServingProxy(args.run_dir, port=0, unix_socket=None, fsync=args.fsync)
     await proxy.start()
@@ -369,6 +411,9 @@ async def serve(args: argparse.Namespace) -> None:
     if bare is not None:
         await bare.stop()
     await proxy.stop()
+    if engine_server is not None:
+        engine_server.terminate()
+        engine_server.wait(10)
 
 
 # ----------------------------------------------------------------------------------------- client process
@@ -488,10 +533,11 @@ class ProxyProcess:
         fsync: bool = False,
         loop: str = "uvloop",
         stream: tuple[int, float] = (0, 0.0),
+        remote: bool = False,
     ) -> None:
         cmd = [sys.executable, "-m", "benchmarks.proxy_load", "serve", "--run-dir", str(run_dir), "--loop", loop]
         cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
-        cmd += ["--chunk-tokens", str(stream[0]), "--token-delay-ms", str(stream[1])]
+        cmd += ["--chunk-tokens", str(stream[0]), "--token-delay-ms", str(stream[1])] + (["--remote"] if remote else [])
         if os.environ.get("PROXY_LOAD_GC_THRESHOLD"):
             cmd += ["--gc-threshold", os.environ["PROXY_LOAD_GC_THRESHOLD"]]
         if os.environ.get("PROXY_LOAD_PROFILE"):
@@ -623,12 +669,14 @@ def bench(
     fsync: bool = False,
     loop: str = "uvloop",
     stream: tuple[int, float] = (0, 0.0),
+    remote: bool = False,
 ) -> dict[str, Any]:
-    """`stream`: (ids per chunk, ms per token) of a streaming engine double; (0, 0) replays each answer whole."""
+    """`stream`: (ids per chunk, ms per token) of a streaming engine double; (0, 0) replays each answer whole.
+    `remote`: the double runs behind the vLLM-style token API in its own process, reached by a RemoteEngine."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="clawgym-proxy-load-") as tmp:
         work = Path(tmp)
-        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop, stream)
+        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop, stream, remote)
         try:
             run_level(proxy, 8, 16, 2, 1, work)  # warm-up: imports, block cache, first connections
             rss_start = proxy.ask("stats")["rss_mb"]
@@ -650,6 +698,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     s.add_argument("--engine-delay-ms", type=float, default=0.0)
     s.add_argument("--chunk-tokens", type=int, default=0)
     s.add_argument("--token-delay-ms", type=float, default=0.0)
+    s.add_argument("--remote", action="store_true")
+    e = sub.add_parser("engine-server")
+    e.add_argument("--port", type=int, required=True)
+    e.add_argument("--chunk-tokens", type=int, default=0)
+    e.add_argument("--token-delay-ms", type=float, default=0.0)
+    e.add_argument("--engine-delay-ms", type=float, default=0.0)
     s.add_argument("--fsync", action="store_true")
     s.add_argument("--profile", type=Path, help="cProfile each level's serving into this file")
     s.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
@@ -669,6 +723,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "--chunk-tokens", type=int, default=0, help="the engine streams this many ids per chunk (0: each answer whole)"
     )
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="with --chunk-tokens: ms per token")
+    parser.add_argument(
+        "--remote", action="store_true", help="the engine double behind the vLLM token API, reached by RemoteEngine"
+    )
     parser.add_argument("--fsync", action="store_true", help="the proxy's CallLog fsyncs (group commit)")
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"), help="the proxy process's loop")
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -682,6 +739,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         use_uvloop()
         asyncio.run(client(args))
         return None
+    if args.role == "engine-server":
+        engine_server(args)
+        return None
     levels = [int(x) for x in args.levels.split(",")]
     report = bench(
         levels,
@@ -693,6 +753,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         args.fsync,
         args.loop,
         (args.chunk_tokens, args.token_delay_ms),
+        args.remote,
     )
     print(
         f"proxy loop {report['loop']}; proxy RSS {report['rss_start_mb']:.0f} MB after warm-up, "
