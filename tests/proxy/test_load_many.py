@@ -43,3 +43,15 @@ def test_200_concurrent_streaming_rollouts_in_one_proxy_process(tmp_path):
 def test_1000_concurrent_streaming_rollouts_in_one_proxy_process(tmp_path):
     rows = two_rounds(tmp_path, n=1000, calls=4, clients=2)
     check(rows, 1000, 4, rss_bound_mb=32)
+
+
+def test_rollouts_through_a_remote_engine_streaming_token_by_token(tmp_path):
+    """`--remote --chunk-tokens 1`: the engine double behind the vLLM token API in its own process, read by a
+    RemoteEngine a chunk per token (the real path's shape): every call answered, none drifting."""
+    proxy = ProxyProcess(tmp_path / "run", stream=(1, 0.0), remote=True)
+    try:
+        row = run_level(proxy, 16, 16, 3, 1, tmp_path)
+    finally:
+        proxy.close()
+    assert row["errors"] == 0, row["error_samples"]
+    assert row["calls"] == 16 * 3 and row["proxy_calls_per_cpu_s"] > 0
