@@ -21,17 +21,20 @@ not (the server may still be generating). Weight updates happen on the server si
 from __future__ import annotations
 
 import asyncio
-import json
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 import httpx
+import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 RemoteApi = Literal["vllm", "sglang"]
+# Request bodies are orjson's bytes, not httpx's `json=` (the standard library's encoder): a prompt is a list
+# of thousands of ids, ~420 µs to encode 8k of them that way against ~46 µs, on the proxy's event loop per call.
+_JSON = {"content-type": "application/json"}
 
 
 class RemoteEngineError(RuntimeError):
@@ -120,14 +123,14 @@ class RemoteEngine:
             reraise=True,
         ):
             with attempt:
-                response = await self._client.post(path, json=body)
+                response = await self._client.post(path, content=orjson.dumps(body), headers=_JSON)
                 if response.status_code >= 400:
                     if response.status_code in (502, 503, 504):
                         response.raise_for_status()
                     raise RemoteEngineError(
                         f"{self.api} server at {self.base_url}{path} answered {response.status_code}: {response.text[:500]}"
                     )
-                return response.json()
+                return orjson.loads(response.content)
         raise AssertionError("unreachable")
 
     async def _model_name(self) -> str:
@@ -168,7 +171,9 @@ class RemoteEngine:
             body["stream_interval"] = self.stream_interval
         finish: FinishReason | None = None
         done = False
-        async with self._client.stream("POST", "/v1/completions", json=body) as response:
+        async with self._client.stream(
+            "POST", "/v1/completions", content=orjson.dumps(body), headers=_JSON
+        ) as response:
             if response.status_code >= 400:
                 text = (await response.aread()).decode(errors="replace")
                 raise RemoteEngineError(
@@ -182,11 +187,11 @@ class RemoteEngine:
                     done = True  # read on to the body's end: a response left unread closes its kept-alive connection
                     continue
                 try:
-                    choices = json.loads(data).get("choices") or []
+                    choices = orjson.loads(data).get("choices") or []
                     if not choices:
                         continue  # a usage-only chunk
                     ids, logprobs, reason = _vllm_choice(choices[0])
-                except (json.JSONDecodeError, KeyError, IndexError, ValueError, TypeError) as exc:
+                except (KeyError, IndexError, ValueError, TypeError) as exc:  # orjson's decode error is a ValueError
                     raise RemoteEngineError(f"unexpected /v1/completions stream chunk ({exc!r}): {data[:500]}") from exc
                 if len(ids) != len(logprobs):
                     raise RemoteEngineError(f"server streamed {len(ids)} token ids but {len(logprobs)} logprobs")
