@@ -183,3 +183,50 @@ async def test_streamed_calls_reuse_one_kept_alive_connection(tiny_model, qwen_t
     server.should_exit = True
     await task
     engine.close()
+
+
+async def test_a_server_that_is_gone_raises_unreachable_an_oserror_after_the_retries():
+    """Nothing listens: the retries run out and `RemoteEngineUnreachable` says so. It is a ConnectionError, which
+    is how VLLMServerPool tells a lost server from one that answered with an error."""
+    from clawgym_env.engines.remote_engine import RemoteEngineUnreachable
+
+    remote = RemoteEngine(f"http://127.0.0.1:{free_port()}", model="m", retries=2)
+    with pytest.raises(RemoteEngineUnreachable, match="ConnectError") as failed:
+        await remote.generate([1, 2, 3], SamplingParams(max_tokens=2))
+    assert isinstance(failed.value, OSError) and isinstance(failed.value, RemoteEngineError)
+    with pytest.raises(RemoteEngineUnreachable):
+        _ = [chunk async for chunk in remote.stream([1, 2, 3], SamplingParams(max_tokens=2))]
+    await remote.aclose()
+
+
+async def test_more_than_a_hundred_streams_are_in_flight_at_once(qwen_tok):
+    """One RemoteEngine carries a call per rollout in flight: 120 concurrent streams all reach the server
+    together (httpx's default pool held all but 100 back until others finished)."""
+    from clawgym_env.engines.scripted import ScriptedTestEngine
+
+    class Counting(ScriptedTestEngine):  # a test double that counts the streams it serves at once
+        active = peak = 0
+
+        async def stream(self, prompt_ids, sampling, *, request_id=None):
+            Counting.active += 1
+            Counting.peak = max(Counting.peak, Counting.active)
+            try:
+                async for chunk in super().stream(prompt_ids, sampling, request_id=request_id):
+                    yield chunk
+            finally:
+                Counting.active -= 1
+
+    engine = Counting(qwen_tok, lambda _prompt: "one two three", token_delay_s=0.3)
+    port = free_port()
+    server, task = await serve(make_token_server(engine, "m", qwen_tok), port)
+    remote = RemoteEngine(f"http://127.0.0.1:{port}", model="m", stream_interval=1)
+
+    async def one() -> list[int]:
+        return [t async for chunk in remote.stream([1, 2], SamplingParams(max_tokens=8)) for t in chunk.token_ids]
+
+    answers = await asyncio.gather(*(one() for _ in range(120)))
+    assert all(len(ids) == 4 for ids in answers)
+    assert Counting.peak > 100, Counting.peak
+    await remote.aclose()
+    server.should_exit = True
+    await task
