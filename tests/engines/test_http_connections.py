@@ -94,3 +94,12 @@ async def test_concurrent_calls_each_get_a_connection_and_come_back(server):
     assert len(set(peers)) == 100 and set(peers) <= first and len(connections._idle) == 100  # those 100, reused
     await connections.aclose()
     assert not connections._idle
+
+
+def test_the_pool_benchmark_prints_both_clients_side_by_side(capsys):
+    """benchmarks/http_pool.py against its own server process: a row per client per level, every answer 200."""
+    from benchmarks.http_pool import main
+
+    main(["--levels", "8", "--rounds", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if "µs CPU per request" in line]
+    assert len(rows) == 2 and "httpcore pool" in rows[0] and "Connections" in rows[1], rows
