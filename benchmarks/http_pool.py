@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
 import httpcore
 
+from benchmarks import servers
 from clawgym_env.engines.http_connections import Connections
-from clawgym_env.engines.vllm_server import free_port
 
 
 def serve(port: int) -> None:
@@ -79,24 +77,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         serve(args.serve)
         return
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "benchmarks.http_pool", "--serve", str(port)])
+    url, server = servers.start("benchmarks.http_pool", "--serve", "{port}")
     try:
-        asyncio.run(_wait_then_measure(f"http://127.0.0.1:{port}", [int(n) for n in args.levels.split(",")], args))
+        asyncio.run(_wait_then_measure(url, [int(n) for n in args.levels.split(",")], args))
     finally:
-        server.terminate()
-        server.wait(10)
+        servers.stop(server)
 
 
 async def _wait_then_measure(url: str, levels: list[int], args: argparse.Namespace) -> None:
-    probe = Connections(url)
-    for _ in range(600):
-        try:
-            await probe.request("GET", url + "/health")
-            break
-        except httpcore.ConnectError:
-            await asyncio.sleep(0.1)
-    await probe.aclose()
+    await servers.wait_healthy(url)
     await measure(url, levels, args.rounds)
 
 

@@ -286,24 +286,16 @@ def engine_server(args: argparse.Namespace) -> None:
 
 async def remote_engine(args: argparse.Namespace) -> tuple[Any, subprocess.Popen[bytes]]:
     """A RemoteEngine (what a vLLM server is reached by) on a started `engine-server` process."""
-    import httpx
-
+    from benchmarks import servers
     from clawgym_env.engines.remote_engine import RemoteEngine
-    from clawgym_env.engines.vllm_server import free_port
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "benchmarks.proxy_load", "engine-server", "--port", str(port)]
-    cmd += ["--chunk-tokens", str(args.chunk_tokens), "--token-delay-ms", str(args.token_delay_ms)]
-    cmd += ["--engine-delay-ms", str(args.engine_delay_ms)]
-    process = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient() as client:
-        for _ in range(600):
-            try:
-                if (await client.get(url + "/health")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                await asyncio.sleep(0.1)
+    url, process = servers.start(
+        "benchmarks.proxy_load",
+        *("engine-server", "--port", "{port}"),
+        *("--chunk-tokens", str(args.chunk_tokens), "--token-delay-ms", str(args.token_delay_ms)),
+        *("--engine-delay-ms", str(args.engine_delay_ms)),
+    )
+    await servers.wait_healthy(url)
     return RemoteEngine(url, model="policy"), process
 
 
@@ -412,8 +404,9 @@ async def serve(args: argparse.Namespace) -> None:
         await bare.stop()
     await proxy.stop()
     if engine_server is not None:
-        engine_server.terminate()
-        engine_server.wait(10)
+        from benchmarks import servers
+
+        servers.stop(engine_server)
 
 
 # ----------------------------------------------------------------------------------------- client process

@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
 
+from benchmarks import servers
 from clawgym_env.engines.remote_engine import RemoteEngine
-from clawgym_env.engines.vllm_server import free_port
 from clawgym_env.interfaces import SamplingParams
 
 
@@ -83,27 +81,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         serve(args.serve, args.tokens)
         return
-    port = free_port()
-    cmd = [sys.executable, "-m", "benchmarks.remote_stream", "--serve", str(port), "--tokens", str(args.tokens)]
-    server = subprocess.Popen(cmd)
+    url, server = servers.start("benchmarks.remote_stream", "--serve", "{port}", "--tokens", str(args.tokens))
     try:
-        url = f"http://127.0.0.1:{port}"
         asyncio.run(_wait_then_measure(url, [int(k) for k in args.intervals.split(",")], args))
     finally:
-        server.terminate()
-        server.wait(10)
+        servers.stop(server)
 
 
 async def _wait_then_measure(url: str, intervals: list[int], args: argparse.Namespace) -> None:
-    import httpx
-
-    async with httpx.AsyncClient() as client:
-        for _ in range(600):
-            try:
-                if (await client.get(url + "/health")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                await asyncio.sleep(0.1)
+    await servers.wait_healthy(url)
     await measure(url, intervals, args.calls, args.tokens, args.rounds)
 
 
