@@ -11,7 +11,8 @@ Token ids go in and token ids + logprobs come back; no text is ever re-tokenized
   yielded as the server decodes them. For SGLang it yields one chunk from `generate()`. vLLM sends a
   chunk per token unless asked for `stream_interval` tokens per chunk (vLLM >= 0.12; older servers ignore
   the field): the first token and the end still come at once, and every chunk costs this process an HTTP
-  read and a JSON parse (~25 µs here), which at 1,000 streams is a core's worth of work per few 10k tokens/s.
+  read and a JSON parse (~16 µs here, benchmarks/remote_stream.py): at 1,000 streams, per-token chunks would
+  keep a core busy with a few 10k tokens/s.
 
 Connection failures and 502/503/504 are retried (tenacity, exponential back-off); a read timeout is
 not (the server may still be generating); what still fails to reach the server raises
