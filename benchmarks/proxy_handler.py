@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ async def measure(
         else FastTestEngine(tokenizer, COMPLETIONS)
     )
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
-    proxy = ServingProxy(Path(tempfile.mkdtemp(prefix="proxy-handler-")), port=0, unix_socket=None)
+    run_dir = Path(tempfile.mkdtemp(prefix="proxy-handler-"))  # its call log: up to 100s of MB, removed below
+    proxy = ServingProxy(run_dir, port=0, unix_socket=None)
     await proxy.start()
     app = HotRoutes(proxy.app, proxy._hot_routes())
     tools = orjson.dumps(TOOLS)
@@ -126,6 +128,7 @@ async def measure(
         profiler.disable()
         profiler.dump_stats(str(profile))
     await proxy.stop()
+    shutil.rmtree(run_dir, ignore_errors=True)
     total = rollouts * calls
     return {
         "calls_per_rollout": calls,
