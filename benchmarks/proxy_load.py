@@ -25,6 +25,12 @@ Three kinds of process, so the numbers say what the proxy costs and not what its
 
 Added latency = the client's latency through the proxy - the engine's own latency called directly, at the
 same concurrency (median and p99). At N = 1000 both are mostly queueing (Little's law: N / calls per s).
+
+`--chunk-tokens K` makes the double stream K ids per chunk (`--token-delay-ms` apart), as a decoder does;
+`--remote` puts it behind the vLLM token API (`token_server`) in a process of its own, reached by a
+`RemoteEngine`: the path users train with, the GPU taken out. Per proxy CPU-second the rows give calls and
+generated tokens. In the streaming modes the direct baseline is `generate()` (no streaming, no pacing), so
+the added latency there includes the stream's own time; compare them by CPU.
 """
 
 from __future__ import annotations
@@ -361,16 +367,18 @@ async def serve(args: argparse.Namespace) -> None:
             if profiler is not None:
                 profiler.disable()
                 profiler.dump_stats(str(args.profile))
-            errors = calls = 0
+            errors = calls = tokens = 0
             for rid in list(proxy._rollouts):
                 for call in proxy.close_rollout(rid):
                     calls += 1
+                    tokens += len(call.generated_ids)
                     errors += call.error is not None or call.drift_events > 0
                     prompts.append(call.prompt_ids)
                     handler_s.append(call.timings.total_s or 0.0)
             answer(
                 {
                     "calls": calls,
+                    "generated_tokens": tokens,
                     "errors": errors,
                     "cpu_s": cpu_s,
                     "handler_p50_ms": 1e3 * pct(handler_s, 0.5),
@@ -609,6 +617,7 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "proxy_calls_per_s": len(latencies) / wall,
         "proxy_cpu_ms_per_call": 1e3 * closed["cpu_s"] / max(len(latencies), 1),
         "proxy_calls_per_cpu_s": len(latencies) / closed["cpu_s"] if closed["cpu_s"] else float("nan"),
+        "proxy_tokens_per_cpu_s": closed["generated_tokens"] / closed["cpu_s"] if closed["cpu_s"] else float("nan"),
         "direct_calls_per_s": direct["calls"] / direct["wall_s"],
         "bare_calls_per_s": len(bare_latencies) / max(r["wall_s"] for r in bare_results),
         "bare_calls_per_cpu_s": bare["calls"] / bare["cpu_s"] if bare["cpu_s"] else float("nan"),
@@ -643,7 +652,8 @@ def format_row(r: dict[str, Any]) -> str:
     return (
         f"N={r['n']:>4} calls={r['calls']:>5} errors={r['errors']} | calls/s proxy {r['proxy_calls_per_s']:7.0f} "
         f"direct {r['direct_calls_per_s']:8.0f} bare {r['bare_calls_per_s']:6.0f} | per CPU-s proxy "
-        f"{r['proxy_calls_per_cpu_s']:6.0f} bare {r['bare_calls_per_cpu_s']:6.0f} | bare median {r['bare_median_ms']:.2f} ms | added median {r['added_median_ms']:7.2f} ms p99 "
+        f"{r['proxy_calls_per_cpu_s']:6.0f} ({r['proxy_tokens_per_cpu_s']:7.0f} tokens) bare "
+        f"{r['bare_calls_per_cpu_s']:6.0f} | bare median {r['bare_median_ms']:.2f} ms | added median {r['added_median_ms']:7.2f} ms p99 "
         f"{r['added_p99_ms']:8.2f} ms | handler p50 {r['handler_p50_ms']:.2f} ms | loop lag p99 "
         f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | GC full {r['gc_full_passes']} max "
         f"{r['gc_full_max_ms']:.0f} ms | RSS {r['proxy_rss_mb']:.0f} MB "

@@ -54,4 +54,4 @@ def test_rollouts_through_a_remote_engine_streaming_token_by_token(tmp_path):
     finally:
         proxy.close()
     assert row["errors"] == 0, row["error_samples"]
-    assert row["calls"] == 16 * 3 and row["proxy_calls_per_cpu_s"] > 0
+    assert row["calls"] == 16 * 3 and row["proxy_calls_per_cpu_s"] > 0 and row["proxy_tokens_per_cpu_s"] > 0
