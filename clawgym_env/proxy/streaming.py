@@ -156,6 +156,9 @@ class TokenFeed:
                 self.finished = chunk.finish_reason is not None
                 if self.min_gap_s:
                     self._quiet_until = self._loop.time() + self.min_gap_s
+                if self._paced is not None:  # its gap is over: tokens from now on wait for the new one
+                    self._paced.cancel()
+                    self._paced = None
                 return chunk
             if self._ended:
                 self.finished = True
