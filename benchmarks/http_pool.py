@@ -77,16 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         serve(args.serve)
         return
-    url, server = servers.start("benchmarks.http_pool", "--serve", "{port}")
-    try:
-        asyncio.run(_wait_then_measure(url, [int(n) for n in args.levels.split(",")], args))
-    finally:
-        servers.stop(server)
-
-
-async def _wait_then_measure(url: str, levels: list[int], args: argparse.Namespace) -> None:
-    await servers.wait_healthy(url)
-    await measure(url, levels, args.rounds)
+    levels = [int(n) for n in args.levels.split(",")]
+    servers.measure_against(lambda url: measure(url, levels, args.rounds), "benchmarks.http_pool", "--serve", "{port}")
 
 
 if __name__ == "__main__":

@@ -312,9 +312,9 @@ async def serve(args: argparse.Namespace) -> None:
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy
 
     tokenizer = load_qwen_tokenizer()
-    engine_server: subprocess.Popen[bytes] | None = None
+    engine_process: subprocess.Popen[bytes] | None = None
     if args.remote:  # the engine double behind the vLLM-style token API, in a process of its own
-        engine, engine_server = await remote_engine(args)
+        engine, engine_process = await remote_engine(args)
     else:
         engine = engine_double(tokenizer, args)
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
@@ -411,10 +411,10 @@ async def serve(args: argparse.Namespace) -> None:
     if bare is not None:
         await bare.stop()
     await proxy.stop()
-    if engine_server is not None:
+    if engine_process is not None:
         from benchmarks import servers
 
-        servers.stop(engine_server)
+        servers.stop(engine_process)
 
 
 # ----------------------------------------------------------------------------------------- client process

@@ -15,7 +15,6 @@ work (benchmarks/proxy_load.py, `--chunk-tokens`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import time
 
@@ -81,16 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         serve(args.serve, args.tokens)
         return
-    url, server = servers.start("benchmarks.remote_stream", "--serve", "{port}", "--tokens", str(args.tokens))
-    try:
-        asyncio.run(_wait_then_measure(url, [int(k) for k in args.intervals.split(",")], args))
-    finally:
-        servers.stop(server)
-
-
-async def _wait_then_measure(url: str, intervals: list[int], args: argparse.Namespace) -> None:
-    await servers.wait_healthy(url)
-    await measure(url, intervals, args.calls, args.tokens, args.rounds)
+    intervals = [int(k) for k in args.intervals.split(",")]
+    servers.measure_against(
+        lambda url: measure(url, intervals, args.calls, args.tokens, args.rounds),
+        *("benchmarks.remote_stream", "--serve", "{port}", "--tokens", str(args.tokens)),
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -34,3 +35,17 @@ async def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     process.wait(10)
+
+
+def measure_against(measure: Callable[[str], Awaitable[None]], module: str, *args: str) -> None:
+    """Start the server (as `start`), wait until it answers, run `measure(url)` on a fresh event loop, stop it."""
+    url, process = start(module, *args)
+
+    async def run() -> None:
+        await wait_healthy(url)
+        await measure(url)
+
+    try:
+        asyncio.run(run())
+    finally:
+        stop(process)

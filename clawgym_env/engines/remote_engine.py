@@ -127,32 +127,28 @@ class RemoteEngine:
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """The answer's JSON; retried while the server cannot be reached or says 502/503/504."""
         url = self.base_url + path
-        content = orjson.dumps(body) if body is not None else b""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception_type(_RETRIED),
+            reraise=True,
+        )
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.retries),
-                wait=wait_exponential(multiplier=0.2, max=5),
-                retry=retry_if_exception_type(_RETRIED),
-                reraise=True,
-            ):
-                with attempt:
-                    response = await self._pool().request(
-                        method, url, headers=self._headers, content=content, extensions=self._extensions
-                    )
-                    if response.status in (502, 503, 504):
-                        raise _Unavailable(
-                            f"answered {response.status}: {response.content[:500].decode(errors='replace')}"
-                        )
-                    if response.status >= 400:
-                        text = response.content[:500].decode(errors="replace")
-                        raise RemoteEngineError(f"{self.api} server at {url} answered {response.status}: {text}")
-                    return orjson.loads(response.content)
+            return await retrying(self._answer, method, url, orjson.dumps(body) if body is not None else b"")
         except _TRANSPORT_ERRORS as exc:
             raise RemoteEngineUnreachable(f"{self.api} server at {url}: {type(exc).__name__}: {exc}") from exc
-        raise AssertionError("unreachable")
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("POST", path, body)
+    async def _answer(self, method: str, url: str, content: bytes) -> Any:
+        """One attempt of `_request`."""
+        response = await self._pool().request(
+            method, url, headers=self._headers, content=content, extensions=self._extensions
+        )
+        if response.status >= 400:
+            text = response.content[:500].decode(errors="replace")
+            if response.status in (502, 503, 504):
+                raise _Unavailable(f"answered {response.status}: {text}")
+            raise RemoteEngineError(f"{self.api} server at {url} answered {response.status}: {text}")
+        return orjson.loads(response.content)
 
     async def _model_name(self) -> str:
         if self.model is None:
@@ -246,7 +242,7 @@ class RemoteEngine:
     async def _generate_vllm(
         self, prompt_ids: list[int], s: SamplingParams
     ) -> tuple[list[int], list[float], FinishReason]:
-        data = await self._post("/v1/completions", await self._vllm_body(prompt_ids, s))
+        data = await self._request("POST", "/v1/completions", await self._vllm_body(prompt_ids, s))
         try:
             ids, logprobs, reason = _vllm_choice(data["choices"][0])
             return ids, logprobs, _finish(reason)
@@ -276,7 +272,7 @@ class RemoteEngine:
             "return_logprob": True,
             "logprob_start_len": -1,
         }
-        data = await self._post("/generate", body)
+        data = await self._request("POST", "/generate", body)
         try:
             meta = data["meta_info"]
             pairs = meta["output_token_logprobs"]  # [[logprob, token_id, text], ...]

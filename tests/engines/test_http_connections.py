@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 import uvicorn
@@ -11,12 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from clawgym_env.engines.http_connections import Connections
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from clawgym_env.engines.vllm_server import free_port
 
 
 @pytest.fixture
