@@ -8,6 +8,7 @@ caller can take from the shared process:
 - `GuardedHttpProtocol`: uvicorn's httptools protocol plus header / body / idle deadlines (slowloris and
   silent connections are closed), a cap on connections per sandbox (Unix-socket peers grouped by their PID
   namespace, read from SO_PEERCRED), and a delivery check per response (did the client take it whole?);
+  its request cycles write through `HeadWithBody` (a response's head leaves with its first body bytes);
 - `raise_open_file_limit`: the soft RLIMIT_NOFILE up to the hard one, so idle sockets cannot run the
   process out of descriptors first;
 - `json_depth`: how deeply a parsed body nests (orjson's writer stops at 255 levels, Python's recursion at
@@ -34,6 +35,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from clawgym_env.proxy.head_with_body import HeadWithBody
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -265,6 +268,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._arm("body", self.guard.guards.body_timeout_s)
         if self.cycle is not None:
             self.cycle.scope.setdefault("extensions", {})[SCOPE_KEY] = self  # type: ignore[typeddict-unknown-key]
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._disarm()
