@@ -186,6 +186,7 @@ class RemoteEngine:
             body["stream_interval"] = self.stream_interval
         url = self.base_url + "/v1/completions"
         finish: FinishReason | None = None
+        last: TokenChunk | None = None  # the chunk with the finish reason: yielded once the body is read to its end
         try:
             async with self._pool().stream(
                 "POST", url, headers=self._headers, content=orjson.dumps(body), extensions=self._extensions
@@ -194,6 +195,8 @@ class RemoteEngine:
                     text = (await response.aread())[:500].decode(errors="replace")
                     raise RemoteEngineError(f"vllm server at {url} answered {response.status}: {text}")
                 # Read to the body's end (past "[DONE]"): a response left unread closes its kept-alive connection.
+                # So the chunk with the finish reason waits for it ("[DONE]" follows it at once): a caller that
+                # stops at that chunk (the proxy's TokenFeed) must not leave the body unread.
                 async for data in _sse_data(response.aiter_stream()):
                     if data == b"[DONE]":
                         continue
@@ -210,12 +213,12 @@ class RemoteEngine:
                         raise RemoteEngineError(f"server streamed {len(ids)} token ids but {len(logprobs)} logprobs")
                     if reason is not None:
                         finish = _finish(reason)
-                    if ids or reason is not None:
-                        yield TokenChunk(ids, logprobs, finish, version)
+                        last = TokenChunk(ids, logprobs, finish, version)
+                    elif ids:
+                        yield TokenChunk(ids, logprobs, None, version)
         except _TRANSPORT_ERRORS as exc:
             raise RemoteEngineUnreachable(f"vllm server at {url}: {type(exc).__name__}: {exc}") from exc
-        if finish is None:  # the stream ended without a finish reason
-            yield TokenChunk([], [], "abort", version)
+        yield last if last is not None else TokenChunk([], [], "abort", version)  # no finish reason: cut off
 
     async def _vllm_body(self, prompt_ids: list[int], s: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -178,7 +178,15 @@ async def test_streamed_calls_reuse_one_kept_alive_connection(tiny_model, qwen_t
     for seed in range(3):
         chunks = [chunk async for chunk in remote.stream(chat_prompt, SamplingParams(max_tokens=3, seed=seed))]
         assert chunks[-1].finish_reason == "length"
-    assert len(peers) == 3 and len(set(peers)) == 1, peers
+    # as the proxy reads (TokenFeed): stop at the chunk with the finish reason, and close the stream there
+    for seed in range(3):
+        stream = remote.stream(chat_prompt, SamplingParams(max_tokens=3, seed=seed))
+        async for chunk in stream:
+            if chunk.finish_reason is not None:
+                break
+        await stream.aclose()
+        assert chunk.finish_reason == "length"
+    assert len(peers) == 6 and len(set(peers)) == 1, peers
     await remote.aclose()
     server.should_exit = True
     await task
