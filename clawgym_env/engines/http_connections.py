@@ -10,29 +10,143 @@ that one socket only), or open a new one; give it back once its response was rea
 same way: 22 ms for the 100 requests, and 512 concurrent ones in 0.13 s.
 
 Connections belong to the event loop that opened them: keep one `Connections` per loop.
+
+Their sockets are asyncio streams (`AsyncioBackend`), not anyio's (httpcore's default under asyncio): anyio
+opens a cancel scope and asks sniffio which event loop runs (`asyncio.current_task()`) for every read and
+write, ~10% of the proxy's CPU per call through a vLLM server that streams a chunk per token
+(benchmarks/remote_stream.py, docs/engines.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httpcore
+
+SocketOption = tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
+
+
+class AsyncioStream(httpcore.AsyncNetworkStream):
+    """One connection's socket as an asyncio stream, failures raised as httpcore's exceptions."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._reader.read(max_bytes)
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout(f"no data within {timeout} s") from exc
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc) or type(exc).__name__) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        try:
+            self._writer.write(buffer)
+            async with asyncio.timeout(timeout):
+                await self._writer.drain()
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(f"could not write within {timeout} s") from exc
+        except (OSError, RuntimeError) as exc:  # RuntimeError: written after the transport closed
+            raise httpcore.WriteError(str(exc) or type(exc).__name__) from exc
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+
+    async def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            async with asyncio.timeout(timeout):
+                await self._writer.start_tls(ssl_context, server_hostname=server_hostname)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"TLS handshake not done within {timeout} s") from exc
+        except (OSError, ssl.SSLError) as exc:
+            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+        return self
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":  # asked of an idle connection: has the server closed it (or sent anything)?
+            if self._reader.at_eof() or self._writer.is_closing() or self._reader.exception() is not None:
+                return True
+            return _readable(self._writer.get_extra_info("socket"))  # bytes or a FIN the loop has not read yet
+        names = {"ssl_object": "ssl_object", "client_addr": "sockname", "server_addr": "peername", "socket": "socket"}
+        return self._writer.get_extra_info(names[info]) if info in names else None
+
+
+def _readable(sock: Any) -> bool:
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True  # no socket any more: as good as closed
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return bool(poll.poll(0))
+
+
+class AsyncioBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend on plain asyncio streams (httpcore's own, under asyncio, is anyio's); TCP
+    only (`Connections` opens nothing else)."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[SocketOption] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        local = (local_address, 0) if local_address else None
+        return await self._connect(asyncio.open_connection(host, port, local_addr=local), timeout, socket_options)
+
+    @staticmethod
+    async def _connect(
+        opening: Any, timeout: float | None, socket_options: Iterable[SocketOption] | None
+    ) -> AsyncioStream:
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await opening
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"not connected within {timeout} s") from exc
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+        for option in socket_options or ():
+            writer.get_extra_info("socket").setsockopt(*option)
+        return AsyncioStream(reader, writer)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+BACKEND = AsyncioBackend()
 
 
 class Connections:
     """Connections to the origin of `base_url`; `stream()` and `request()` as httpcore's, without a cap."""
 
-    def __init__(self, base_url: str, keepalive_expiry_s: float = 4.0, max_idle: int = 1024) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        keepalive_expiry_s: float = 4.0,
+        max_idle: int = 1024,
+        ssl_context: ssl.SSLContext | None = None,  # for https: the system's trusted CAs unless given
+    ) -> None:
         url = httpcore.URL(base_url)
         self.origin = url.origin
         self.keepalive_expiry_s = keepalive_expiry_s  # below uvicorn's 5 s (vLLM's server): we close first
         self.max_idle = max_idle
         self._idle: deque[httpcore.AsyncHTTPConnection] = deque()
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.origin.scheme == b"https" else None
+        self._ssl = ssl_context or (ssl.create_default_context() if self.origin.scheme == b"https" else None)
 
     def _take(self) -> httpcore.AsyncHTTPConnection:
         while self._idle:
@@ -40,7 +154,7 @@ class Connections:
             if not connection.has_expired():  # idle too long, or the server closed it
                 return connection
         return httpcore.AsyncHTTPConnection(
-            origin=self.origin, ssl_context=self._ssl, keepalive_expiry=self.keepalive_expiry_s
+            origin=self.origin, ssl_context=self._ssl, keepalive_expiry=self.keepalive_expiry_s, network_backend=BACKEND
         )
 
     async def _give_back(self, connection: httpcore.AsyncHTTPConnection) -> None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
+from pathlib import Path
 
+import httpcore
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -88,6 +92,67 @@ async def test_concurrent_calls_each_get_a_connection_and_come_back(server):
     assert len(set(peers)) == 100 and set(peers) <= first and len(connections._idle) == 100  # those 100, reused
     await connections.aclose()
     assert not connections._idle
+
+
+async def test_a_server_that_never_answers_is_a_read_timeout_and_its_connection_is_dropped():
+    """The sockets are asyncio's (AsyncioBackend), not anyio's: httpcore's timeouts and errors must still be
+    httpcore's exceptions, which RemoteEngine retries or reports (a hung vLLM server, a refused port)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read(65536)  # takes the request, never answers
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    connections = Connections(f"http://127.0.0.1:{port}")
+    with pytest.raises(httpcore.ReadTimeout):
+        await connections.request("GET", f"http://127.0.0.1:{port}/", extensions={"timeout": {"read": 0.2}})
+    assert not connections._idle and len(accepted) == 1  # not kept for the next call
+    listener.close()
+    await listener.wait_closed()
+    for writer in accepted:
+        writer.close()
+    with pytest.raises(httpcore.ConnectError):  # nothing listens there any more
+        await Connections(f"http://127.0.0.1:{port}").request("GET", f"http://127.0.0.1:{port}/")
+
+
+async def test_https_goes_through_the_same_backend(tmp_path: Path):
+    """A vLLM server behind TLS: a self-signed certificate the client is told to trust; the handshake, the
+    request and the reuse of the connection all run on the asyncio backend."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    app = FastAPI()
+    peers: list[int] = []
+
+    @app.get("/peer")
+    async def peer(request: Request) -> dict[str, int]:
+        peers.append(request.client.port)
+        return {"port": request.client.port}
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ssl_keyfile=key, ssl_certfile=cert
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    url = f"https://127.0.0.1:{port}"
+    with pytest.raises(httpcore.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        await Connections(url).request("GET", url + "/peer")  # the system's CAs do not know this certificate
+    connections = Connections(url, ssl_context=ssl.create_default_context(cafile=str(cert)))
+    for _ in range(2):
+        answer = await connections.request("GET", url + "/peer")
+        assert answer.status == 200 and b'"port"' in answer.content
+    assert len(peers) == 2 and len(set(peers)) == 1  # one TLS connection, kept alive
+    await connections.aclose()
+    server.should_exit = True
+    await task
 
 
 def test_the_pool_benchmark_prints_both_clients_side_by_side(capsys):
