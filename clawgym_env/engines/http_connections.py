@@ -13,8 +13,8 @@ Connections belong to the event loop that opened them: keep one `Connections` pe
 
 Their sockets are asyncio streams (`AsyncioBackend`), not anyio's (httpcore's default under asyncio): anyio
 opens a cancel scope and asks sniffio which event loop runs (`asyncio.current_task()`) for every read and
-write, ~10% of the proxy's CPU per call through a vLLM server that streams a chunk per token
-(benchmarks/remote_stream.py, docs/engines.md).
+write. Measured side by side (benchmarks/remote_stream.py, idle): 0.70-0.73 → 0.55-0.62 ms of CPU per
+21-token streamed call, 1.76-1.93 → 1.61-1.77 ms per 201-token call (docs/engines.md).
 """
 
 from __future__ import annotations
