@@ -3,8 +3,8 @@
 uvicorn writes `http.response.start` (the status line and headers) to the socket at once, then each body
 message in a write of its own. Every write to a loopback or Unix socket wakes the client and makes the
 kernel deliver a segment, so a model call answered in one body message paid for two writes, two wake-ups
-and two reads on the client's side: ~4-8% of the proxy's CPU per call, and ~0.04 ms of its latency at one
-rollout in flight (benchmarks/proxy_load.py, docs/proxy.md).
+and two reads on the client's side. Joined: +10-18% calls per proxy CPU-second and ~0.05 ms less added
+latency at one rollout in flight, within noise at 64 and 1,000 (benchmarks/proxy_load.py, docs/proxy.md).
 
 `HeadWithBody` is the transport uvicorn's request cycle writes through (`GuardedHttpProtocol` sets it on
 each cycle): it holds the cycle's first write (the head) and sends it joined with the next write. Nothing
