@@ -18,7 +18,10 @@ from clawgym_env.engines.vllm_server import free_port
 
 
 @pytest.fixture
-async def server():
+async def server(request):
+    """A server on loopback; its keep-alive is 1 s (the idle-close test waits past it) unless a test asks for
+    more with `@pytest.mark.parametrize("server", [seconds], indirect=True)`."""
+    keep_alive = getattr(request, "param", 1)
     app = FastAPI()
     peers: list[int] = []
 
@@ -39,7 +42,9 @@ async def server():
         return StreamingResponse(body())
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", timeout_keep_alive=1)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", timeout_keep_alive=keep_alive
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -79,6 +84,9 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(server):
     await connections.aclose()
 
 
+# a 30 s keep-alive: on a loaded machine 150 calls can take over 1 s, and a server closing a connection just as
+# it is reused resets it (the idle-close test covers that case on purpose)
+@pytest.mark.parametrize("server", [30], indirect=True)
 async def test_concurrent_calls_each_get_a_connection_and_come_back(server):
     url, peers = server
     connections = Connections(url, max_idle=100)
