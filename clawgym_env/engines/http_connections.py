@@ -32,6 +32,10 @@ import httpcore
 SocketOption = tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
 
 
+# httpcore's names for a stream's details -> asyncio's names for the transport's
+_EXTRA_INFO = {"ssl_object": "ssl_object", "client_addr": "sockname", "server_addr": "peername", "socket": "socket"}
+
+
 class AsyncioStream(httpcore.AsyncNetworkStream):
     """One connection's socket as an asyncio stream, failures raised as httpcore's exceptions."""
 
@@ -81,8 +85,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             if self._reader.at_eof() or self._writer.is_closing() or self._reader.exception() is not None:
                 return True
             return _readable(self._writer.get_extra_info("socket"))  # bytes or a FIN the loop has not read yet
-        names = {"ssl_object": "ssl_object", "client_addr": "sockname", "server_addr": "peername", "socket": "socket"}
-        return self._writer.get_extra_info(names[info]) if info in names else None
+        return self._writer.get_extra_info(_EXTRA_INFO[info]) if info in _EXTRA_INFO else None
 
 
 def _readable(sock: Any) -> bool:
@@ -107,15 +110,9 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[SocketOption] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         local = (local_address, 0) if local_address else None
-        return await self._connect(asyncio.open_connection(host, port, local_addr=local), timeout, socket_options)
-
-    @staticmethod
-    async def _connect(
-        opening: Any, timeout: float | None, socket_options: Iterable[SocketOption] | None
-    ) -> AsyncioStream:
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await opening
+                reader, writer = await asyncio.open_connection(host, port, local_addr=local)
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(f"not connected within {timeout} s") from exc
         except OSError as exc:

@@ -185,7 +185,6 @@ class RemoteEngine:
         if self.stream_interval > 1:
             body["stream_interval"] = self.stream_interval
         url = self.base_url + "/v1/completions"
-        finish: FinishReason | None = None
         last: TokenChunk | None = None  # the chunk with the finish reason: yielded once the body is read to its end
         try:
             async with self._pool().stream(
@@ -212,8 +211,7 @@ class RemoteEngine:
                     if len(ids) != len(logprobs):
                         raise RemoteEngineError(f"server streamed {len(ids)} token ids but {len(logprobs)} logprobs")
                     if reason is not None:
-                        finish = _finish(reason)
-                        last = TokenChunk(ids, logprobs, finish, version)
+                        last = TokenChunk(ids, logprobs, _finish(reason), version)
                     elif ids:
                         yield TokenChunk(ids, logprobs, None, version)
         except _TRANSPORT_ERRORS as exc:
