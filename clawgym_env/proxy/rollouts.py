@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from clawgym_env.interfaces import Policy, RolloutLimits, RolloutRoute
 from clawgym_env.prefix import check_prefix, common_prefix_length, extends, same_root
 from clawgym_env.proxy.apis.base import ValidatedItems
+from clawgym_env.proxy.renderers.base import RenderedPrompt
 from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.splice import GenerationMemory
 from clawgym_env.records import ModelCall, PrefixCheck
@@ -17,6 +19,7 @@ from clawgym_env.records import ModelCall, PrefixCheck
 __all__ = ["ROLLOUT_ID_RE", "RolloutState", "RolloutStats", "common_prefix_length"]
 
 ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RESUMES_KEPT = 4  # agents of one rollout (main agent, subagents, side calls) whose renders resume where they left off
 
 
 class RolloutStats(BaseModel):
@@ -40,6 +43,7 @@ class RolloutStats(BaseModel):
     control_token_texts: int = 0  # control tokens written as text in user/tool/system text (kept as text)
     stream_mismatches: int = 0  # live streams whose early pieces the final parse did not confirm (see streaming.py)
     stream_keepalives: int = 0  # keep-alive events sent while a live stream had nothing else to send
+    resumed_renders: int = 0  # calls rendered from where an earlier call of the same agent left off (not re-walked)
     closed: bool = False
 
     def count_error(self, kind: str) -> None:
@@ -59,6 +63,7 @@ class RolloutState:
     validated: ValidatedItems = field(default_factory=ValidatedItems)  # ...and validates only what it adds
     next_index: int = 0
     last_full_ids: list[int] = field(default_factory=list)
+    render_resumes: list[Any] = field(default_factory=list)  # where recent renders left off, latest first
     agents: dict[int, ModelCall] = field(default_factory=dict)  # latest completed call of each root (agent)
     last_agent: int | None = None  # the agent of the latest completed call
     _agent_of: dict[int, int] = field(default_factory=dict)  # call index -> its agent, decided when checked
@@ -100,6 +105,14 @@ class RolloutState:
                 agent, self._agents_seen = self._agents_seen, self._agents_seen + 1
         self.agents[agent] = call
         self.last_agent = agent
+
+    def keep_resume(self, rendered: RenderedPrompt) -> None:
+        """Keep where this render left off for the rollout's next calls (one per agent, the latest few agents):
+        the render it started from is superseded by it."""
+        if rendered.resume is None:
+            return
+        kept = [r for r in self.render_resumes if r is not rendered.resumed]
+        self.render_resumes = [rendered.resume, *kept[: RESUMES_KEPT - 1]]
 
     def take_index(self) -> int:
         index = self.next_index

@@ -656,7 +656,9 @@ class ServingProxy:
                 "token_cap", f"clawgym: rollout {state.route.rollout_id} used its {limits.max_tokens}-token budget"
             )
         conversation = adapter.to_conversation(parsed_request, state.validated)
-        rendered = renderer.render(conversation, splice=state.memory.find)
+        rendered = renderer.render(conversation, splice=state.memory.find, resume=state.render_resumes)
+        state.keep_resume(rendered)
+        stats.resumed_renders += rendered.resumed is not None
         prompt_ids = rendered.prompt_ids
         call.prompt_ids, call.segments, call.drift_events = prompt_ids, rendered.segments, rendered.drift_events
         call.control_token_texts = rendered.control_token_texts

@@ -140,7 +140,13 @@ class GenerationMemory:
             source_call=chosen.call_index,
             ended_with_stop=chosen.ended_with_stop,
             rewrite=rewrite,
+            exact=_prompted_here(chosen, context),
         )
+
+
+def _prompted_here(record: RecordedGeneration, context: EchoContext) -> bool:
+    """The generation's prompt is exactly the prompt the echoed turn sits after."""
+    return len(record.prompt_ids) == context.prompt_length and record.prompt_ids == context.prompt_ids()
 
 
 def _closest(candidates: list[RecordedGeneration], message: Message, context: EchoContext) -> RecordedGeneration:

@@ -118,7 +118,7 @@ def test_block_rendering_equals_the_tokenizers_chat_template(renderer, tokenizer
 def test_the_control_token_safe_encoding_matches_the_one_pass_one(renderer, conversation):
     """Blocks whose message text spells a control token take a second encoding path (template specials
     only); without such text that path must give exactly the ids of the usual one-pass encoding."""
-    for message, lazy in renderer._blocks(conversation):
+    for _, message, lazy in renderer._blocks(conversation):
         pieces = lazy or renderer._message_block(message)  # an assistant turn's pieces are made when rendered
         one_pass = renderer._backend.encode("".join(p[0] for p in pieces), add_special_tokens=False)
         ids, offsets = renderer._encode_template_specials_only(pieces)
@@ -248,7 +248,7 @@ def test_memory_without_positions_prefers_the_longest_shared_prompt(renderer):
     memory.remember(0, [1, 2, 3, 7], [10, 11], parsed, 11)
     memory.remember(1, [1, 2, 3, 7, 10, 11, 4, 7], [20, 11], parsed, 11)
     echo = Message("assistant", "ls")
-    assert memory.find(echo, EchoContext([1, 2, 3], [7], 0)) == SplicedTurn([10, 11], 0, True)
+    assert memory.find(echo, EchoContext([1, 2, 3], [7], 0)) == SplicedTurn([10, 11], 0, True, exact=True)
     assert memory.find(echo, EchoContext([1, 2, 3, 7, 10, 11, 4], [7], 1)).source_call == 1
     # an edited history shares more with call 1's prompt (past call 0's) than with call 0's: call 1
     assert memory.find(echo, EchoContext([1, 2, 3, 7, 10, 11, 5], [7], 5)).source_call == 1

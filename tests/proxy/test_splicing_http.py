@@ -139,6 +139,9 @@ async def test_repeated_call_with_different_raw_text_is_spliced_from_its_own_gen
     assert forest.stats.prefix_extended == 2 and forest.stats.prefix_breaks == 0
     stats = proxy.stats(route.rollout_id)
     assert (stats.prefix_extended, stats.prefix_breaks, stats.drift_events) == (2, {}, 0)
+    # calls 1 and 2 were rendered from where the call before left off (the messages each API's request
+    # repeats became the very same Messages again), and gave the ids checked above
+    assert stats.resumed_renders == 2
 
 
 @pytest.mark.parametrize("api", ["anthropic", "chat", "responses"])

@@ -7,7 +7,7 @@ generation's raw ids in place of an echoed assistant turn (token-in, token-out).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,6 +23,7 @@ class SplicedTurn:
     source_call: int
     ended_with_stop: bool  # the ids end with the template's end-of-turn token
     rewrite: str | None = None  # the known harness rewrite undone to match the echo (None: matched as echoed)
+    exact: bool = False  # the generation's prompt is exactly the prompt the echo sits after (the append-only case)
 
 
 @dataclass(slots=True)
@@ -61,6 +62,8 @@ class RenderedPrompt:
     rewritten_turns: int = 0  # spliced turns matched only after undoing a known harness rewrite
     assistant_turns: int = 0  # assistant turns in the conversation (the position a new generation takes)
     control_token_texts: int = 0  # control tokens written as text in message content (encoded as plain text)
+    resume: Any = None  # where the same rollout's next renders may start (renderer-specific; None: nowhere)
+    resumed: Any = None  # the earlier render's `resume` this render started from (None: from the beginning)
 
 
 @dataclass(slots=True)
@@ -79,7 +82,9 @@ class Renderer(Protocol):
     stop_token_ids: tuple[int, ...]  # passed to the engine as stop ids
     end_of_turn_id: int  # the id that closes an assistant turn in the template (<|im_end|> for ChatML)
 
-    def render(self, conversation: Conversation, splice: SpliceLookup | None = None) -> RenderedPrompt: ...
+    def render(
+        self, conversation: Conversation, splice: SpliceLookup | None = None, resume: Sequence[Any] = ()
+    ) -> RenderedPrompt: ...
 
     def parse(self, generated_ids: list[int], tool_names: set[str] | None = None) -> ParsedOutput: ...
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import orjson
 from tokenizers import Tokenizer
@@ -25,7 +27,7 @@ from tokenizers import Tokenizer
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
 from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
-from clawgym_env.records import SegmentKind, segment
+from clawgym_env.records import PromptSegment, SegmentKind, segment
 
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -176,34 +178,35 @@ class ChatMLRenderer:
         pieces.append((f"{IM_END}\n", "template"))
         return tuple(pieces)
 
-    def _blocks(self, conversation: Conversation) -> list[tuple[Message | None, tuple[Piece, ...] | None]]:
-        """(message, pieces) per block; `message` is set for assistant blocks (splice candidates), whose
-        pieces are None: an echoed turn is usually spliced, so its text (and its tool calls' `tojson`, the
-        costliest part) is made only if it is rendered (`_message_block`)."""
+    def _blocks(
+        self, conversation: Conversation, start: int = 0
+    ) -> Iterator[tuple[int, Message | None, tuple[Piece, ...] | None]]:
+        """(messages rendered after it, message, pieces) per block from message `start` on (0: the system block
+        first). `message` is set for assistant blocks (splice candidates), whose pieces are None: an echoed
+        turn is usually spliced, so its text (and its tool calls' `tojson`, the costliest part) is made only
+        if it is rendered (`_message_block`)."""
         messages = conversation.messages
-        blocks: list[tuple[Message | None, tuple[Piece, ...] | None]] = []
-        start = 0
-        if messages and messages[0].role == "system":
-            blocks.append((None, self._system_block(messages[0].content, conversation.tools)))
-            start = 1
-        else:
-            blocks.append((None, self._system_block(self.default_system, conversation.tools)))
         i = start
+        if start == 0:
+            if messages and messages[0].role == "system":
+                i = 1
+                yield i, None, self._system_block(messages[0].content, conversation.tools)
+            else:
+                yield i, None, self._system_block(self.default_system, conversation.tools)
         while i < len(messages):
             message = messages[i]
             if message.role == "tool":
                 j = i
                 while j < len(messages) and messages[j].role == "tool":
                     j += 1
-                blocks.append((None, self._tool_run_block(messages[i:j])))
+                yield j, None, self._tool_run_block(messages[i:j])
                 i = j
-                continue
-            if message.role == "assistant":
-                blocks.append((message, None))
+            elif message.role == "assistant":
+                i += 1
+                yield i, message, None
             else:
-                blocks.append((None, self._message_block(message)))
-            i += 1
-        return blocks
+                i += 1
+                yield i, None, self._message_block(message)
 
     # -------------------------------------------------------------------------------- tokenizing
     def _encode_block(self, pieces: tuple[Piece, ...]) -> EncodedBlock:
@@ -276,10 +279,21 @@ class ChatMLRenderer:
         return ids, offsets
 
     # ------------------------------------------------------------------------------------ render
-    def render(self, conversation: Conversation, splice: SpliceLookup | None = None) -> RenderedPrompt:
+    def render(
+        self, conversation: Conversation, splice: SpliceLookup | None = None, resume: Sequence[Any] = ()
+    ) -> RenderedPrompt:
+        """The prompt ids of `conversation`. `resume`: the `resume` of this rollout's recent renders, latest first
+        (see `RenderResume`); where the conversation begins with one's messages, those are not walked again."""
+        resumed = _resumable(resume, self, conversation)
         ids: list[int] = []
         spans: list[list[Any]] = []  # [start, end, kind, source_call]: models are made once, merged, at the end
-        drift = spliced = forged = 0
+        done: list[PromptSegment] = []  # the resumed prefix's segments (made by an earlier render)
+        at = _Checkpoint(0, 0, 0, None, 0, 0, 0, 0)
+        if resumed is not None:
+            at = resumed.at
+            ids, spans, done = resumed.ids[: at.length], [list(at.open_span)], resumed.segments[: at.closed]
+        first, position, rewritten, spliced, forged = at.messages_done, at.position, at.rewritten, at.spliced, at.forged
+        drift = 0
 
         def add(block_ids: list[int], runs: list[tuple[int, int, SegmentKind]], source: int | None = None) -> None:
             offset = len(ids)
@@ -293,12 +307,18 @@ class ChatMLRenderer:
                     spans.append([offset + start, offset + end, kind, src])
 
         header, header_runs, _ = self._encode_pieces(self.generation_prompt)
-        position = rewritten = 0
-        for message, pieces in self._blocks(conversation):
+        checkpoint: _Checkpoint | None = None  # the state before the last block, while every turn was exact
+        exact_so_far = True
+        for messages_done, message, pieces in self._blocks(conversation, first):
+            if exact_so_far and spans:
+                closed, open_span = len(done) + len(spans) - 1, tuple(spans[-1])
+                checkpoint = _Checkpoint(first, len(ids), closed, open_span, position, rewritten, spliced, forged)  # type: ignore[arg-type]
+            first = messages_done
             if message is not None and splice is not None:
                 turn = splice(message, EchoContext(ids, header, position))
                 position += 1
                 if turn is not None:
+                    exact_so_far = exact_so_far and turn.exact
                     spliced += 1
                     rewritten += turn.rewrite is not None
                     add(header, header_runs)
@@ -307,22 +327,27 @@ class ChatMLRenderer:
                     add(tail, [(0, len(tail), "template")])
                     continue
                 drift += 1
+                exact_so_far = False
             elif message is not None:
                 position += 1
+                exact_so_far = False  # nothing was matched: the next render looks again
             if pieces is None:  # an assistant turn rendered as text (no splice lookup, or drift)
                 pieces = self._message_block(message)  # type: ignore[arg-type]
             block_ids, runs, block_forged = self._encode_pieces(pieces)
             forged += block_forged
             add(block_ids, runs)
         add(header, header_runs)
+        segments = done + [segment(a, b, k, c) for a, b, k, c in spans]
         return RenderedPrompt(
             prompt_ids=ids,
-            segments=[segment(a, b, k, c) for a, b, k, c in spans],
+            segments=segments,
             drift_events=drift,
             spliced_turns=spliced,
             rewritten_turns=rewritten,
             assistant_turns=position,
             control_token_texts=forged,
+            resume=_resume_after(self, conversation, ids, segments, checkpoint),
+            resumed=resumed,
         )
 
     def count_tokens(self, conversation: Conversation) -> int:
@@ -413,3 +438,77 @@ def probe_conversations() -> list[Conversation]:
         Conversation([Message("system", "Plain system."), *turns], []),
         Conversation([Message("user", "hello")], []),
     ]
+
+
+# -------------------------------------------------------------------------------------- resuming
+class _Checkpoint(NamedTuple):
+    """A render's state between two blocks."""
+
+    messages_done: int  # messages whose blocks are rendered
+    length: int  # ids rendered
+    closed: int  # spans that a next block cannot extend
+    open_span: (
+        tuple[int, int, SegmentKind, int | None] | None
+    )  # the span ending at `length`: a next block may extend it
+    position: int  # assistant turns rendered
+    rewritten: int
+    spliced: int
+    forged: int
+
+
+@dataclass(frozen=True, slots=True)
+class RenderResume:
+    """Where a render of one rollout left off, for the rollout's next render.
+
+    A harness re-sends the whole conversation every call, and the next call's conversation begins with the
+    last one's: re-walking it made every call cost more than the one before (a 32-call rollout rendered ~500
+    blocks and looked up ~250 echoed turns). So a render keeps its state before its last block: the next
+    render starts there when its conversation begins with the same messages (the last block is walked
+    again: a tool run may go on in the next call). Only a prefix whose echoed turns were all spliced from
+    the generation prompted with exactly the ids before them is kept: such a match cannot change (a later
+    generation's prompt holds the turn itself), while a turn that drifted or matched another way is looked
+    up again, as in a render from scratch.
+    """
+
+    renderer: Any
+    system: tuple[str | None, Any]  # the first system message's text (None: the default) and the tool specs
+    messages: list[Message]  # the conversation's first `at.messages_done` messages
+    ids: list[int]  # the render's prompt ids (never changed once rendered); the first `at.length` hold those messages
+    segments: list[PromptSegment]  # the render's segments; the first `at.closed` end before `at.length`
+    at: _Checkpoint
+
+
+def _system_of(conversation: Conversation) -> tuple[str | None, Any]:
+    messages = conversation.messages
+    return (messages[0].content if messages and messages[0].role == "system" else None, conversation.tools)
+
+
+def _resume_after(
+    renderer: ChatMLRenderer,
+    conversation: Conversation,
+    ids: list[int],
+    segments: list[PromptSegment],
+    checkpoint: _Checkpoint | None,
+) -> RenderResume | None:
+    if checkpoint is None or checkpoint.messages_done == 0:  # nothing past the system block to skip
+        return None
+    messages = conversation.messages[: checkpoint.messages_done]
+    return RenderResume(renderer, _system_of(conversation), messages, ids, segments, checkpoint)
+
+
+def _resumable(resumes: Sequence[Any], renderer: ChatMLRenderer, conversation: Conversation) -> RenderResume | None:
+    """The first of `resumes` whose messages `conversation` begins with (same system text and tools), or None."""
+    messages = conversation.messages
+    system, tools = _system_of(conversation)
+    for resume in resumes:
+        if not isinstance(resume, RenderResume) or resume.renderer is not renderer:
+            continue
+        if system != resume.system[0] or not (tools is resume.system[1] or tools == resume.system[1]):
+            continue  # another agent of the rollout (a subagent, a side call)
+        done = resume.at.messages_done
+        if len(messages) <= done or messages[:done] != resume.messages:  # identical objects compare in C
+            continue
+        if messages[done - 1].role == "tool" and messages[done].role == "tool":
+            continue  # the covered tool run goes on in this conversation: it is one block here
+        return resume
+    return None
