@@ -133,14 +133,16 @@ class GenerationMemory:
                     rules[id(record)] = name
         if not candidates:
             return None
-        chosen = candidates[-1] if len(candidates) == 1 else _closest(candidates, message, context)
-        rewrite = rules.get(id(chosen))
+        if len(candidates) == 1:
+            chosen, exact = candidates[0], _prompted_here(candidates[0], context)
+        else:
+            chosen, exact = _closest(candidates, message, context)
         return SplicedTurn(
             token_ids=chosen.token_ids,
             source_call=chosen.call_index,
             ended_with_stop=chosen.ended_with_stop,
-            rewrite=rewrite,
-            exact=_prompted_here(chosen, context),
+            rewrite=rules.get(id(chosen)),
+            exact=exact,
         )
 
 
@@ -149,13 +151,15 @@ def _prompted_here(record: RecordedGeneration, context: EchoContext) -> bool:
     return len(record.prompt_ids) == context.prompt_length and record.prompt_ids == context.prompt_ids()
 
 
-def _closest(candidates: list[RecordedGeneration], message: Message, context: EchoContext) -> RecordedGeneration:
-    """Among generations of one structure, the one this echo came from (see the module docstring)."""
-    length = context.prompt_length
-    prompt = context.prompt_ids()
-    exact = [c for c in candidates if len(c.prompt_ids) == length and c.prompt_ids == prompt]
+def _closest(
+    candidates: list[RecordedGeneration], message: Message, context: EchoContext
+) -> tuple[RecordedGeneration, bool]:
+    """Among generations of one structure, the one this echo came from (see the module docstring), and
+    whether its prompt is exactly the prompt the echo sits after."""
+    exact = [c for c in candidates if _prompted_here(c, context)]
     if exact:
-        return exact[-1]
+        return exact[-1], True
+    prompt = context.prompt_ids()
     reasoning = message.reasoning.strip() if message.reasoning else None
 
     def score(c: RecordedGeneration) -> tuple[bool, int, bool, int]:
@@ -166,4 +170,4 @@ def _closest(candidates: list[RecordedGeneration], message: Message, context: Ec
             c.call_index,
         )
 
-    return max(candidates, key=score)
+    return max(candidates, key=score), False
