@@ -139,6 +139,8 @@ class DeliveryReceipt(BaseModel):
 
 
 def _fields_of(value: Any) -> dict[str, Any]:
+    if type(value) is ModelCall:  # its segments (a few per turn) as dicts: orjson writes them without calling back
+        return {**value.__dict__, "segments": [s.__dict__ for s in value.segments]}
     if isinstance(value, BaseModel):
         return value.__dict__
     raise TypeError(f"type is not JSON serializable: {type(value).__name__}")

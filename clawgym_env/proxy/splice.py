@@ -156,7 +156,8 @@ def _closest(
 ) -> tuple[RecordedGeneration, bool]:
     """Among generations of one structure, the one this echo came from (see the module docstring), and
     whether its prompt is exactly the prompt the echo sits after."""
-    exact = [c for c in candidates if _prompted_here(c, context)]
+    length = context.prompt_length
+    exact = [c for c in candidates if len(c.prompt_ids) == length and _prompted_here(c, context)]
     if exact:
         return exact[-1], True
     prompt = context.prompt_ids()
