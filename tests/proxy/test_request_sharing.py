@@ -45,6 +45,21 @@ def test_values_python_calls_equal_but_json_does_not_are_kept_as_sent() -> None:
     body = {"temperature": 1.0, "messages": [{"n": True}, {"b": 2, "a": 1}], "flag": True}
     sent = orjson.dumps(body)
     assert orjson.dumps(memory.share(body)) == sent  # 1.0, true and the key order all kept
+    # the same when the list goes on after the previous one's end (the one-comparison path)
+    longer = {**orjson.loads(sent), "messages": [{"n": 1}, {"b": 2, "a": 1}, {"c": 3}]}
+    sent = orjson.dumps(longer)
+    assert orjson.dumps(memory.share(longer)) == sent and longer["messages"][0] is not body["messages"][0]
+
+
+def test_a_list_that_goes_on_after_the_previous_one_shares_all_of_it() -> None:
+    memory = RequestMemory()
+    first = {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]}
+    memory.share(first)
+    second = orjson.loads(orjson.dumps(first))
+    second["messages"].append({"role": "user", "content": "more"})
+    memory.share(second)
+    assert all(a is b for a, b in zip(second["messages"], first["messages"]))
+    assert memory.fresh == [({"role": "user", "content": "more"}, 3)]  # only the new turn is walked
 
 
 def test_a_request_too_deep_for_the_writer_is_kept_as_it_is() -> None:

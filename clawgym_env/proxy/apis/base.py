@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -74,6 +75,8 @@ class ValidatedItems:
     request_model: type[BaseModel] | None = None  # whose models these are (a rollout may speak two APIs)
     lists: dict[str, tuple[list[Any], list[Any]]] = field(default_factory=dict)  # field -> (as sent, validated)
     converted: dict[int, tuple[Any, list[Message]]] = field(default_factory=dict)  # id(model) -> its messages
+    converted_items: tuple[Any, ...] = ()  # last call's validated items, in order...
+    converted_messages: tuple[Message, ...] = ()  # ...and the Messages they gave, in order
     tools: tuple[list[Any], Any] | None = None  # last call's validated tools and what they were converted into
 
 
@@ -97,7 +100,12 @@ class ApiAdapter(ABC):
                 items, seen = body.get(name), previous.lists.get(name)
                 if isinstance(items, list) and seen is not None:
                     old, models = seen
-                    reused = [models[i] if i < len(old) and item is old[i] else item for i, item in enumerate(items)]
+                    if len(items) >= len(old) and all(map(operator.is_, items, old)):  # the append-only case
+                        reused = models + items[len(old) :]
+                    else:
+                        reused = [
+                            models[i] if i < len(old) and item is old[i] else item for i, item in enumerate(items)
+                        ]
                     data = {**data, name: reused}
         try:
             request = self.request_model.model_validate(data)
@@ -107,6 +115,7 @@ class ApiAdapter(ABC):
         if previous is not None:
             if previous.request_model is not self.request_model:
                 previous.request_model, previous.converted, previous.tools = self.request_model, {}, None
+                previous.converted_items = previous.converted_messages = ()
             previous.lists = {
                 name: (body[name], getattr(request, name))
                 for name in names
@@ -141,15 +150,21 @@ class ApiAdapter(ABC):
         """`item_messages` of each item, reusing what the same validated model gave last call (Messages are
         never changed once made, so sharing them between calls is safe)."""
         memo = previous.converted if previous is not None else {}  # `parse_request` empties it for another API
-        made: dict[int, tuple[Any, list[Message]]] = {}
-        out: list[Message] = []
-        for i, item in enumerate(items):
+        old = previous.converted_items if previous is not None else ()
+        if previous is not None and old and len(items) >= len(old) and all(map(operator.is_, items, old)):
+            # the items begin with all of last call's (the usual case): their Messages in one piece, the memo as
+            # it is (each of its models is still here), and only the new items are walked
+            start, out, made = len(old), list(previous.converted_messages), memo
+        else:
+            start, out, made = 0, [], {}
+        for i in range(start, len(items)):
+            item = items[i]
             seen = memo.get(id(item))
             messages = seen[1] if seen is not None and seen[0] is item else self.item_messages(item, f"{param}.{i}")
             made[id(item)] = (item, messages)  # holds the model, so its id is not reused while remembered
             out += messages
         if previous is not None:
-            previous.converted = made
+            previous.converted, previous.converted_items, previous.converted_messages = made, tuple(items), tuple(out)
         return out
 
     @abstractmethod
