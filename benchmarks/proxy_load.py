@@ -345,6 +345,9 @@ async def serve(args: argparse.Namespace) -> None:
     def fsyncs_now() -> int:
         return getattr(getattr(proxy, "_group", None), "fsyncs", 0)
 
+    def log_bytes() -> int:  # the durable log: call records and delivery receipts
+        return sum(f.stat().st_size for f in Path(proxy.log_path).parent.glob(Path(proxy.log_path).stem + ".*"))
+
     bare: BareServer | None = None
     answer({"port": proxy.endpoint.port, "pid": os.getpid(), "loop": type(loop).__module__})
     while line := await reader.readline():
@@ -358,7 +361,7 @@ async def serve(args: argparse.Namespace) -> None:
             prompts, handler_s = [], []
             lag.take()
             cpu_at_open = time.process_time()
-            fsyncs_at_open = fsyncs_now()
+            fsyncs_at_open, log_at_open = fsyncs_now(), log_bytes()
             if profiler is not None:
                 profiler.enable()
             answer({"routes": routes})
@@ -388,6 +391,7 @@ async def serve(args: argparse.Namespace) -> None:
                     "guards": proxy.guard_stats().model_dump(),
                     "tables": proxy.table_sizes(),
                     "fsyncs": fsyncs_now() - fsyncs_at_open,
+                    "log_bytes": log_bytes() - log_at_open,
                     **lag.take(),
                 }
             )
@@ -637,6 +641,7 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "gc_ms_per_call": closed.get("gc_ms_total", float("nan")) / max(len(latencies), 1),
         "gc_full_passes": closed.get("gc_full_passes"),
         "log_fsyncs": closed.get("fsyncs"),
+        "log_kb_per_call": closed.get("log_bytes", 0) / 1024 / max(len(latencies), 1),
         "gc_full_max_ms": closed.get("gc_full_max_ms"),
         "proxy_rss_mb": closed["rss_mb"],
         "proxy_open_fds": closed["open_fds"],
@@ -656,7 +661,7 @@ def format_row(r: dict[str, Any]) -> str:
         f"{r['bare_calls_per_cpu_s']:6.0f} | bare median {r['bare_median_ms']:.2f} ms | added median {r['added_median_ms']:7.2f} ms p99 "
         f"{r['added_p99_ms']:8.2f} ms | handler p50 {r['handler_p50_ms']:.2f} ms | loop lag p99 "
         f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | GC full {r['gc_full_passes']} max "
-        f"{r['gc_full_max_ms']:.0f} ms | RSS {r['proxy_rss_mb']:.0f} MB "
+        f"{r['gc_full_max_ms']:.0f} ms | log {r['log_kb_per_call']:.1f} kB/call | RSS {r['proxy_rss_mb']:.0f} MB "
         f"fds {r['proxy_open_fds']} | clients {r['client_processes']} cpu {r['client_cpu_s']:.1f} s "
         f"wall {r['wall_s']:.1f} s | load {r['load_avg']:.2f}"
     )

@@ -163,6 +163,15 @@ def test_items_converted_last_call_give_the_same_messages_and_merging_never_chan
     assert last.messages == fresh.messages  # equal to a conversion from scratch
     assert last.messages[0] is first.messages[0]  # the repeated user item's Message is last call's
     assert last.messages[2] is first.messages[2]  # ...and the tool output's
+    # an edited first item (converted anew, with what follows it), then a call that goes on after that one
+    edited = copy.deepcopy(sent)
+    edited["input"][0]["content"] = "list all files"
+    for extra in ([], [{"type": "message", "role": "user", "content": "more"}]):
+        sent = copy.deepcopy(edited)
+        sent["input"] += extra
+        got = adapter.to_conversation(adapter.parse_request(memory.share(sent), validated), validated)
+        assert got.messages == adapter.to_conversation(adapter.parse_request(copy.deepcopy(sent))).messages
+    assert got.messages[0].content == "list all files" and got.messages[-1].content == "more"
 
 
 def test_the_same_tools_are_validated_and_converted_once_and_a_changed_tool_is_seen() -> None:

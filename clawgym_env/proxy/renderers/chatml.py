@@ -312,7 +312,7 @@ class ChatMLRenderer:
         for messages_done, message, pieces in self._blocks(conversation, first):
             if exact_so_far and spans:
                 closed, open_span = len(done) + len(spans) - 1, tuple(spans[-1])
-                checkpoint = _Checkpoint(first, len(ids), closed, open_span, position, rewritten, spliced, forged)  # type: ignore[arg-type]
+                checkpoint = _Checkpoint(first, len(ids), closed, open_span, position, rewritten, spliced, forged)
             first = messages_done
             if message is not None and splice is not None:
                 turn = splice(message, EchoContext(ids, header, position))
@@ -447,9 +447,7 @@ class _Checkpoint(NamedTuple):
     messages_done: int  # messages whose blocks are rendered
     length: int  # ids rendered
     closed: int  # spans that a next block cannot extend
-    open_span: (
-        tuple[int, int, SegmentKind, int | None] | None
-    )  # the span ending at `length`: a next block may extend it
+    open_span: tuple[Any, ...] | None  # (start, end, kind, source_call) of the span ending at `length`: may grow
     position: int  # assistant turns rendered
     rewritten: int
     spliced: int
