@@ -8,6 +8,7 @@ from typing import Any
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
 from clawgym_env.proxy import ChatMLRenderer
+from clawgym_env.proxy.rollouts import RolloutStats
 from clawgym_env.rollout import RolloutResult, run_rollout
 from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
@@ -71,10 +72,18 @@ def scripted_policy(completions: list[str]) -> Policy:
     return Policy(engine=ScriptedTestEngine(tokenizer(), completions), renderer=renderer(), name="policy")
 
 
-async def one_rollout(adapter: Any, policy: Policy, task: TaskSpec | None = None, **options: Any) -> RolloutResult:
-    """One rollout through the real proxy and the local sandbox, composed by clawgym_env.rollout."""
+async def one_rollout(
+    adapter: Any,
+    policy: Policy,
+    task: TaskSpec | None = None,
+    *,
+    proxy_stats: list[RolloutStats] | None = None,
+    **options: Any,
+) -> RolloutResult:
+    """One rollout through the real proxy and the local sandbox, composed by clawgym_env.rollout; the proxy's
+    stats of the rollout are appended to `proxy_stats` when given."""
     async with serving_stack() as stack:
-        return await run_rollout(
+        result = await run_rollout(
             task=task or write_task(),
             adapter=adapter,
             policy=policy,
@@ -82,3 +91,6 @@ async def one_rollout(adapter: Any, policy: Policy, task: TaskSpec | None = None
             proxy=stack.proxy,
             options=EnvOptions(**options),
         )
+        if proxy_stats is not None:
+            proxy_stats.append(stack.proxy.stats(result.rollout_id))
+        return result

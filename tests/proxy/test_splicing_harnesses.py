@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from clawgym_env.proxy.rollouts import RolloutStats
 from clawgym_env.specs import DEFAULT_MOUNT_PATH
 from harness_adapters.base import HarnessInstall
 from harness_adapters.claude_code import ClaudeCodeAdapter
@@ -54,11 +55,15 @@ def assert_one_branch(result, sources: list[int]) -> None:
 async def test_repeated_call_in_two_raw_formats_through_the_cli(harness):
     tagged = write_call(harness, "42")
     policy = scripted_policy([bare(tagged), tagged, FINAL])
-    result = await one_rollout(ADAPTERS[harness](), policy)
+    stats: list[RolloutStats] = []
+    result = await one_rollout(ADAPTERS[harness](), policy, proxy_stats=stats)
     assert result.status == "ok", result.failure
     assert result.reward == 1.0 and len(result.calls) == 3
     assert result.calls[0].generated_ids != result.calls[1].generated_ids
     assert_one_branch(result, [0, 1])
+    # calls 1 and 2 were rendered from where the call before left off: what the harness resent was seen as
+    # the same messages (a render from scratch would give the same ids: tests/proxy/test_render_resume.py)
+    assert stats[0].resumed_renders == 2
 
 
 async def test_claude_code_cd_rewrite_through_the_cli():
