@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -80,6 +80,11 @@ class ValidatedItems:
     tools: tuple[list[Any], Any] | None = None  # last call's validated tools and what they were converted into
 
 
+def _begins_with(items: Sequence[Any], old: Sequence[Any]) -> bool:
+    """`items` begin with all of `old`, the very objects (an identity check per item, looped in C)."""
+    return len(items) >= len(old) and all(map(operator.is_, items, old))
+
+
 class ApiAdapter(ABC):
     style: ClassVar[ApiStyle]
     request_model: ClassVar[type[Permissive]]
@@ -100,7 +105,7 @@ class ApiAdapter(ABC):
                 items, seen = body.get(name), previous.lists.get(name)
                 if isinstance(items, list) and seen is not None:
                     old, models = seen
-                    if len(items) >= len(old) and all(map(operator.is_, items, old)):  # the append-only case
+                    if _begins_with(items, old):  # the append-only case
                         reused = models + items[len(old) :]
                     else:
                         reused = [
@@ -151,7 +156,7 @@ class ApiAdapter(ABC):
         never changed once made, so sharing them between calls is safe)."""
         memo = previous.converted if previous is not None else {}  # `parse_request` empties it for another API
         old = previous.converted_items if previous is not None else ()
-        if previous is not None and old and len(items) >= len(old) and all(map(operator.is_, items, old)):
+        if previous is not None and old and _begins_with(items, old):
             # the items begin with all of last call's (the usual case): their Messages in one piece, the memo as
             # it is (each of its models is still here), and only the new items are walked
             start, out, made = len(old), list(previous.converted_messages), memo
