@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,7 @@ from clawgym_env.engines.models import load_policy_model
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.engines.transformers_engine import TransformersEngine
 from clawgym_env.interfaces import SamplingParams
+from clawgym_env.records import ModelCall, read_calls
 from trainers.process_memory import tree_rss_mb
 
 
@@ -143,15 +145,13 @@ def recorded_rollouts(path: str, n: int) -> list[list[tuple[list[int], int]]]:
     """The first `n` rollouts (in recording order) of a run's calls.jsonl: each a list of (prompt ids,
     generated length) of its calls that generated, in call order (a call the proxy refused, such as one past
     the rollout's call cap, generated nothing and is left out)."""
-    calls: dict[str, list[dict]] = {}
-    with open(path) as f:
-        for line in f:
-            call = json.loads(line)
-            calls.setdefault(call["rollout_id"], []).append(call)
+    calls: dict[str, list[ModelCall]] = {}
+    for call in read_calls(Path(path)):  # a line holds only what its call adds: read_calls puts calls together
+        calls.setdefault(call.rollout_id, []).append(call)
     out = []
     for rollout in calls.values():
-        rollout.sort(key=lambda c: c["call_index"])
-        generated = [(c["prompt_ids"], len(c["generated_ids"])) for c in rollout if c["generated_ids"]]
+        rollout.sort(key=lambda c: c.call_index)
+        generated = [(c.prompt_ids, len(c.generated_ids)) for c in rollout if c.generated_ids]
         if generated:
             out.append(generated)
         if len(out) == n:

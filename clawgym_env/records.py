@@ -6,15 +6,29 @@ fields are the training view (exact ids the engine saw and generated, with the e
 The log is append-only, one line per call, so what is learnt about a call after its record was written
 (whether the client took the reply whole) goes to a sibling file of receipts (`calls.receipts` next to
 `calls.jsonl`) that `read_calls` folds back into the calls.
+
+A line holds what its call adds to its rollout's earlier lines, not the whole call: every call of a harness
+resends the whole conversation and its prompt begins with the previous call's ids, so whole lines would
+make a rollout's log grow with the square of its calls (MBs for one long Claude Code rollout). The first
+line a log writes for a rollout is whole (the fields of `ModelCall`); a later one may have instead of
+- `prompt_ids`: `prompt_from` {"call": j, "length": n} and `prompt_tail`: the first n ids of call j's
+  prompt + generated ids (j: the call `prefix.previous_call` names), then the tail;
+- `segments`: `segments_from` {"call": j, "count": k} and `segments_tail`: call j's first k segments, then the
+  tail;
+- `request`: `request_from` {"call": i, "lists": {key: n}, "same": [key]} and `request_rest`: the request
+  of call i (the rollout's previous line) with, for each key in `lists`, its first n items before the ones
+  in `request_rest`, and each key in `same` as it was.
+`read_calls` puts the calls back together; read the log through it (or `clawgym inspect`), not line by line.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,6 +170,118 @@ def record_line(record: BaseModel) -> bytes:
     return orjson.dumps(record, default=_fields_of, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def delta_line(call: ModelCall, written: Mapping[int, ModelCall]) -> bytes:
+    """The log line of `call` given the rollout's calls written before it (by call index; the latest last):
+    its prompt as a tail after an earlier call's ids, its request as what it adds to the previous line's
+    (the module's docstring gives the format). What cannot be referred to is written whole."""
+    fields = dict(call.__dict__)
+    segments = call.segments
+    prefix = call.prefix
+    base = written.get(prefix.previous_call) if prefix is not None and prefix.previous_call is not None else None
+    if base is not None and prefix is not None:
+        if prefix.shared > 0 and _begins_with_ids(call.prompt_ids, base, prefix.shared):
+            del fields["prompt_ids"]
+            fields["prompt_from"] = {"call": base.call_index, "length": prefix.shared}
+            fields["prompt_tail"] = call.prompt_ids[prefix.shared :]
+        count = _shared_segments(base.segments, segments)
+        if count:
+            del fields["segments"]
+            fields["segments_from"] = {"call": base.call_index, "count": count}
+            fields["segments_tail"] = [s.__dict__ for s in segments[count:]]
+    if "segments" in fields:
+        fields["segments"] = [s.__dict__ for s in segments]
+    if written:
+        previous = next(reversed(written.values()))
+        lists, same = _request_reuse(call.request, previous.request)
+        if lists or same:
+            del fields["request"]
+            fields["request_from"] = {"call": previous.call_index, "lists": lists, "same": same}
+            fields["request_rest"] = {
+                key: value[lists[key] :] if key in lists else value
+                for key, value in call.request.items()
+                if key not in same
+            }
+    return orjson.dumps(fields, default=_fields_of, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _begins_with_ids(prompt: list[int], base: ModelCall, length: int) -> bool:
+    """Whether `prompt` begins with the first `length` ids of `base`'s prompt + generated ids."""
+    head = base.prompt_ids
+    if length <= len(head):
+        return len(prompt) >= length and prompt[:length] == head[:length]
+    rest = length - len(head)
+    return (
+        len(prompt) >= length
+        and rest <= len(base.generated_ids)
+        and prompt[: len(head)] == head
+        and prompt[len(head) : length] == base.generated_ids[:rest]
+    )
+
+
+def _shared_segments(before: list[PromptSegment], after: list[PromptSegment]) -> int:
+    """How many of `after`'s first segments are `before`'s very objects (the renderer hands out one shared
+    instance per span, `segment`): usually all of `before`, or all but its generation prompt."""
+    if len(before) <= len(after) and all(map(operator.is_, before, after)):
+        return len(before)
+    if 1 < len(before) <= len(after) + 1 and all(map(operator.is_, before[:-1], after)):
+        return len(before) - 1
+    return next((i for i, (a, b) in enumerate(zip(before, after)) if a is not b), min(len(before), len(after)))
+
+
+def _request_reuse(request: dict[str, Any], previous: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
+    """The keys of `request` whose list begins with all of `previous`'s list items ({key: how many}) and those
+    whose value is `previous`'s very object. The proxy shares the parts a request repeats with the previous
+    request (`proxy.request_sharing`), so identity (checked in C) finds them without comparing any JSON."""
+    lists: dict[str, int] = {}
+    same: list[str] = []
+    for key, value in request.items():
+        before = previous.get(key)
+        if value is before:
+            same.append(key)
+        elif (
+            type(value) is list
+            and type(before) is list
+            and 0 < len(before) <= len(value)
+            and all(map(operator.is_, before, value))
+        ):
+            lists[key] = len(before)
+    return lists, same
+
+
+class _Unresolved(Exception):
+    """A line refers to a call the reader has not read (its line was torn, or is in another file)."""
+
+
+def _resolve(data: dict[str, Any], earlier: Mapping[int, ModelCall]) -> None:
+    """Turn a line's references to earlier calls of its rollout back into `prompt_ids` and `request`, in place."""
+    ref = data.pop("prompt_from", None)
+    if ref is not None:
+        base = earlier.get(ref["call"])
+        if base is None:
+            raise _Unresolved(f"prompt of call {ref['call']}")
+        length, head = ref["length"], base.prompt_ids
+        start = head[:length] if length <= len(head) else head + base.generated_ids[: length - len(head)]
+        data["prompt_ids"] = start + data.pop("prompt_tail")
+    ref = data.pop("segments_from", None)
+    if ref is not None:
+        base = earlier.get(ref["call"])
+        if base is None:
+            raise _Unresolved(f"segments of call {ref['call']}")
+        data["segments"] = base.segments[: ref["count"]] + data.pop("segments_tail")
+    ref = data.pop("request_from", None)
+    if ref is not None:
+        base = earlier.get(ref["call"])
+        if base is None:
+            raise _Unresolved(f"request of call {ref['call']}")
+        request = data.pop("request_rest")
+        for key, count in ref["lists"].items():
+            request[key] = base.request[key][:count] + request[key]
+        for key in ref["same"]:
+            value = base.request[key]
+            request[key] = value[:] if type(value) is list else value
+        data["request"] = request
+
+
 def receipts_path(log_path: Path) -> Path:
     """Where a log's delivery receipts go: `calls.jsonl` -> `calls.receipts` (not `*.jsonl`, so globs for
     call logs do not pick it up)."""
@@ -163,7 +289,11 @@ def receipts_path(log_path: Path) -> Path:
 
 
 class CallLog:
-    """Append-only JSONL of ModelCalls, one line per call, written whole as each call completes.
+    """Append-only JSONL of ModelCalls, one line per call, written as each call completes.
+
+    A line holds what its call adds to the earlier lines of its rollout (`delta_line`), so the log keeps the
+    calls it wrote of each rollout until `forget(rollout_id)` (the proxy forgets a rollout when it closes it;
+    a call written after that is written whole).
 
     A killed process loses no completed call (the line is in the OS before the response is sent);
     `fsync=True` also survives a machine crash at a per-call cost (the serving proxy instead batches
@@ -181,10 +311,19 @@ class CallLog:
         self._fh = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - kept open for the run (read too: tail repair)
         self.repaired_bytes = _repair_torn_tail(self._fh.fileno())
         self._receipts: Any = None  # the receipts file, opened on first use
+        self._written: dict[str, dict[int, ModelCall]] = {}  # per rollout, its calls written here, in order
 
     def append(self, call: ModelCall) -> None:
         """Write one record; serialization errors raise before anything is written."""
-        self._write(self._fh, record_line(call))
+        written = self._written.get(call.rollout_id)
+        self._write(self._fh, delta_line(call, written) if written else record_line(call))
+        with self._lock:
+            self._written.setdefault(call.rollout_id, {})[call.call_index] = call
+
+    def forget(self, rollout_id: str) -> None:
+        """Stop keeping a rollout's calls: its later calls (if any) are written whole."""
+        with self._lock:
+            self._written.pop(rollout_id, None)
 
     def append_receipt(self, receipt: DeliveryReceipt) -> None:
         with self._lock:
@@ -238,10 +377,12 @@ def _repair_torn_tail(fd: int) -> int:
 
 
 class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for call in read_calls(path)`
-    """The calls of a log (optionally of one rollout), with their delivery receipts folded in.
+    """The calls of a log (optionally of one rollout), whole, with their delivery receipts folded in.
 
     A line that does not parse (torn by a writer that died mid-line, anywhere in the file) is skipped and
-    counted in `torn_lines` once the iteration is done; a final line without a newline is torn too.
+    counted in `torn_lines` once the iteration is done; a final line without a newline is torn too, and so
+    is a line that refers to a call whose line was torn. The reader keeps each rollout's calls while it reads
+    (later lines refer to them): pass `rollout_id` to read one rollout of a large log.
     """
 
     def __init__(self, path: Path, rollout_id: str | None = None) -> None:
@@ -275,6 +416,7 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
 
     def _read(self) -> Iterator[ModelCall]:
         receipts = self._receipts()
+        earlier: dict[str, dict[int, ModelCall]] = {}  # per rollout, its calls read so far
         with open(self.path, "rb") as fh:
             for raw in fh:
                 if not raw.endswith(b"\n"):
@@ -292,10 +434,13 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
                 ):
                     continue
                 try:
+                    if "prompt_from" in data or "request_from" in data or "segments_from" in data:
+                        _resolve(data, earlier.get(data.get("rollout_id"), {}))
                     call = ModelCall.model_validate(data)
-                except ValidationError:
+                except (ValidationError, _Unresolved, KeyError, TypeError):
                     self.torn_lines += 1
                     continue
+                earlier.setdefault(call.rollout_id, {})[call.call_index] = call
                 delivered = receipts.get((call.rollout_id, call.call_index))
                 if delivered is not None:
                     call.delivered = delivered

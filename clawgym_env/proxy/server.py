@@ -318,6 +318,8 @@ class ServingProxy:
         self._closed[rollout_id] = state.stats
         self._closed_keys[rollout_id] = state.route.api_key.encode()
         self._in_flight.pop(rollout_id, None)
+        if self._log is not None:
+            self._log.forget(rollout_id)  # it kept the rollout's calls for later lines to refer to
         while len(self._closed) > self.keep_closed:
             forgotten, _ = self._closed.popitem(last=False)
             self._closed_keys.pop(forgotten, None)
@@ -407,6 +409,8 @@ class ServingProxy:
         if self._group is not None:
             self._group.wrote()
         state.calls.append(call)
+        if state.closed:  # a call that finished after its rollout closed: the log need not keep it
+            log_.forget(call.rollout_id)
 
     def _receipt(self, call: ModelCall, delivered: bool) -> None:
         call.delivered = delivered

@@ -1,20 +1,37 @@
 """benchmarks/engine_bench.py's replay of recorded rollouts: every engine gets exactly the recorded work."""
 
 import asyncio
-import json
 
 import pytest
 
 from benchmarks.engine_bench import recorded_rollouts, replay
 from clawgym_env.engines.transformers_engine import TransformersEngine
+from clawgym_env.records import CallLog, ModelCall, PrefixCheck
+from clawgym_env.specs import ApiStyle
 
 
 def write_calls(path, rollouts):
-    with path.open("w") as f:
+    """As the proxy logs them: a call whose prompt extends the previous call's ids is written as its tail."""
+    with CallLog(path) as log:
         for rid, calls in rollouts.items():
             for index, (prompt, generated, error) in enumerate(calls):
-                row = {"rollout_id": rid, "call_index": index, "prompt_ids": prompt, "generated_ids": generated}
-                f.write(json.dumps({**row, "error": error}) + "\n")
+                before = calls[index - 1][0] + calls[index - 1][1] if index else []
+                extends = bool(before) and prompt[: len(before)] == before
+                log.append(
+                    ModelCall(
+                        rollout_id=rid,
+                        call_index=index,
+                        api_style=ApiStyle.OPENAI_CHAT,
+                        request={},
+                        prompt_ids=prompt,
+                        generated_ids=generated,
+                        logprobs=[-1.0] * len(generated),
+                        error=error,
+                        prefix=PrefixCheck(previous_call=index - 1, extended=True, shared=len(before))
+                        if extends
+                        else None,
+                    )
+                )
 
 
 def test_replay_takes_the_calls_that_generated_in_order_and_regenerates_their_lengths(tmp_path, tiny_model, qwen_tok):

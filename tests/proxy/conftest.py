@@ -8,6 +8,7 @@ from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
 from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+from clawgym_env.records import ModelCall, read_calls
 
 WRITE_SCHEMA = {
     "type": "object",
@@ -45,11 +46,36 @@ def scripted_policy(tokenizer, renderer):
     return make
 
 
+class LogCheckingProxy(ServingProxy):
+    """A ServingProxy that keeps what `close_rollout` returned, so a test can read the same calls back from
+    the log: a log line holds only what its call adds to earlier lines (clawgym_env.records.delta_line)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.returned: list[ModelCall] = []
+
+    def close_rollout(self, rollout_id: str) -> list[ModelCall]:
+        calls = super().close_rollout(rollout_id)
+        self.returned += calls
+        return calls
+
+
+def assert_log_holds(log_path, calls: list[ModelCall]) -> None:
+    """Every call, read back from the log, equals the call the proxy returned (but `delivered`, which the
+    receipts file may have set since)."""
+    logged = {(c.rollout_id, c.call_index): c for c in read_calls(log_path)}
+    for call in calls:
+        back = logged.get((call.rollout_id, call.call_index))
+        assert back is not None, f"{call.rollout_id}#{call.call_index} is not in the log"
+        assert back.model_dump(exclude={"delivered"}) == call.model_dump(exclude={"delivered"})
+
+
 @pytest.fixture
 async def proxy(tmp_path):
-    server = ServingProxy(tmp_path / "run", port=0)
+    server = LogCheckingProxy(tmp_path / "run", port=0)
     await server.start()
     try:
         yield server
     finally:
         await server.stop()
+    assert_log_holds(server.log_path, server.returned)

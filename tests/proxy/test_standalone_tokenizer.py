@@ -23,6 +23,7 @@ from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.proxy.__main__ import build_policy, main
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.proxy.server import ServingProxy
+from clawgym_env.records import read_calls
 
 QWEN3_ONLY = {151665: "<tool_response>", 151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
 TOOL_RUN = Conversation(
@@ -148,12 +149,12 @@ def test_standalone_proxy_process_records_the_models_own_ids(qwen25_style_model,
     finally:
         proc.kill()
         proc.wait()
-    (call,) = [json.loads(line) for line in (run / "calls.jsonl").read_text().splitlines()]
-    assert not set(call["prompt_ids"]) & set(QWEN3_ONLY)
+    (call,) = read_calls(run / "calls.jsonl")
+    assert not set(call.prompt_ids) & set(QWEN3_ONLY)
     from transformers import AutoTokenizer
 
     own = AutoTokenizer.from_pretrained(str(qwen25_style_model), local_files_only=True)
-    assert "<tool_response>\na.txt\n</tool_response>" in own.decode(call["prompt_ids"])
+    assert "<tool_response>\na.txt\n</tool_response>" in own.decode(call.prompt_ids)
 
 
 @pytest.mark.slow

@@ -1,0 +1,136 @@
+"""A log line holds what its call adds to its rollout's earlier lines; `read_calls` puts the calls back.
+
+A harness resends the whole conversation every call and its prompt begins with the previous call's ids, so
+whole lines would make a rollout's log grow with the square of its calls. These tests write rollouts the
+way the proxy records them (the request's repeated parts are the previous request's very objects, the
+renderer's segments shared instances, `prefix` naming the call the prompt extends) and check that the lines
+stay small, that every call reads back equal, and that what cannot be referred to is written whole.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from clawgym_env.records import CallLog, ModelCall, PrefixCheck, read_calls, segment
+from clawgym_env.specs import ApiStyle
+
+TOOLS = [{"type": "function", "function": {"name": f"tool{i}", "description": "d" * 200}} for i in range(8)]
+
+
+def rollout(rollout_id: str, calls: int, *, share: bool = True) -> list[ModelCall]:
+    """An append-only agent conversation: each call's prompt is the previous call's ids + a tool result."""
+    messages: list[dict] = [{"role": "system", "content": "s" * 2000}, {"role": "user", "content": "task"}]
+    prompt = list(range(1000, 1600))  # the system prompt and the task
+    segments = [segment(0, 590, "system"), segment(590, 597, "user"), segment(597, 600, "template")]
+    out: list[ModelCall] = []
+    for index in range(calls):
+        generated = [7000 + index * 10 + k for k in range(6)]
+        request = {"model": "policy", "messages": messages, "tools": TOOLS, "stream": True}
+        if not share:  # equal values, new objects: nothing may be referred to
+            request = orjson.loads(orjson.dumps(request))
+        previous = out[-1] if out else None
+        prefix = PrefixCheck(
+            previous_call=previous.call_index if previous else None,
+            extended=True if previous else None,
+            shared=len(previous.full_ids) if previous else 0,
+            previous_length=len(previous.full_ids) if previous else 0,
+        )
+        call = ModelCall(
+            rollout_id=rollout_id,
+            call_index=index,
+            api_style=ApiStyle.OPENAI_CHAT,
+            request=request,
+            prompt_ids=prompt,
+            generated_ids=generated,
+            logprobs=[-0.5] * len(generated),
+            segments=segments,
+            prefix=prefix,
+        )
+        out.append(call)
+        start = len(prompt)
+        prompt = prompt + generated + [5000 + index, 5001, 5002]
+        segments = [
+            *segments,
+            segment(start, start + len(generated), "assistant_spliced", index),
+            segment(start + len(generated), len(prompt), "tool"),
+        ]
+        messages = [*messages, {"role": "assistant", "content": f"call {index}"}, {"role": "tool", "content": "ok"}]
+    return out
+
+
+def write(path, calls: list[ModelCall]) -> list[bytes]:
+    with CallLog(path) as log:
+        for call in calls:
+            log.append(call)
+    return path.read_bytes().splitlines()
+
+
+def test_lines_stay_small_as_a_rollout_grows_and_read_back_equal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    calls = rollout("r", 40)
+    lines = write(tmp_path / "calls.jsonl", calls)
+    first, second, last = (orjson.loads(lines[i]) for i in (0, 1, -1))
+    assert "prompt_ids" in first and "request" in first and "segments" in first  # a rollout's first line: whole
+    for line in (second, last):
+        assert not {"prompt_ids", "request", "segments"} & line.keys()
+        assert line["prompt_from"]["call"] == line["call_index"] - 1 and len(line["prompt_tail"]) == 3
+        assert line["request_from"] == {
+            "call": line["call_index"] - 1,
+            "lists": {"messages": 2 * line["call_index"]},
+            "same": ["model", "tools", "stream"],
+        }
+        assert [m["role"] for m in line["request_rest"]["messages"]] == ["assistant", "tool"]
+        assert len(line["segments_tail"]) == 2
+    assert len(lines[-1]) <= len(lines[1]) + 100  # what a call adds, not what came before it
+    whole = sum(len(orjson.dumps(c.model_dump(mode="json"))) for c in calls)
+    assert sum(map(len, lines)) < whole / 10
+    back = list(read_calls(tmp_path / "calls.jsonl"))
+    assert back == calls
+
+
+def test_rollouts_interleaved_read_back_each_and_filtered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, b = rollout("a", 6), rollout("b", 6)
+    write(tmp_path / "calls.jsonl", [c for pair in zip(a, b) for c in pair])
+    assert list(read_calls(tmp_path / "calls.jsonl", "b")) == b
+    assert list(read_calls(tmp_path / "calls.jsonl")) == [c for pair in zip(a, b) for c in pair]
+
+
+def test_what_cannot_be_referred_to_is_written_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    calls = rollout("r", 4, share=False)  # the request's parts are equal but not the previous request's objects
+    # call 3's prefix check claims it extends call 2, but its first ids differ: its ids are written whole
+    calls[3] = calls[3].model_copy(update={"prompt_ids": [1, 2, *calls[3].prompt_ids[2:]]})
+    lines = [orjson.loads(line) for line in write(tmp_path / "calls.jsonl", calls)]
+    assert calls[3].prefix is not None and calls[3].prefix.shared == len(calls[2].full_ids)
+    assert "prompt_ids" in lines[3] and "prompt_from" not in lines[3]
+    assert "prompt_from" in lines[2]
+    for line in lines[1:]:  # only singletons (`True`) are the very same objects: every list is written whole
+        assert line["request_from"]["lists"] == {} and "messages" in line["request_rest"]
+        assert len(line["request_rest"]["messages"]) == 2 * line["call_index"] + 2
+    assert list(read_calls(tmp_path / "calls.jsonl")) == calls
+
+
+def test_a_forgotten_rollout_and_a_reopened_log_write_whole_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    calls = rollout("r", 5)
+    path = tmp_path / "calls.jsonl"
+    with CallLog(path) as log:
+        log.append(calls[0])
+        log.append(calls[1])
+        log.forget("r")  # the proxy closed the rollout; a call that finishes after that comes whole
+        log.append(calls[2])
+    with CallLog(path) as log:  # a restarted proxy knows none of the earlier lines
+        log.append(calls[3])
+        log.append(calls[4])
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert ["prompt_ids" in line for line in lines] == [True, False, True, True, False]
+    assert list(read_calls(path)) == calls
+
+
+def test_a_line_that_refers_to_a_torn_line_is_skipped_and_counted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, b = rollout("a", 3), rollout("b", 2)
+    path = tmp_path / "calls.jsonl"
+    lines = write(path, [a[0], b[0], a[1], b[1], a[2]])
+    lines[2] = lines[2][: len(lines[2]) // 2]  # a's call 1 torn (a writer died mid-line, before repair existed)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    reader = read_calls(path)
+    # a#2 refers to a#1: it cannot be put back together either; b is whole
+    assert [(c.rollout_id, c.call_index) for c in reader] == [("a", 0), ("b", 0), ("b", 1)]
+    assert reader.torn_lines == 2
