@@ -1,4 +1,4 @@
-"""The `clawgym` command: list environments, run/evaluate a policy, train, inspect, compare, health.
+"""The `clawgym` command: list environments, run/evaluate a policy, train, inspect, calls, compare, health.
 
 Each subcommand is a thin layer over the Python API, so anything the CLI does a user's script can do. This
 module is the composition root: it imports every layer, and no layer imports it.
@@ -192,6 +192,27 @@ def inspect(
     text, html_path = inspect_run(run_dir, rollout)
     console.print(text)
     console.print(f"HTML: {html_path}")
+
+
+@app.command()
+def calls(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory or its calls.jsonl")],
+    rollout: Annotated[str | None, typer.Option(help="only this rollout's calls")] = None,
+) -> None:
+    """Print the recorded calls whole, one JSON line each (for jq and your own scripts).
+
+    A log line holds only what its call adds to its rollout's earlier lines; this puts each call back together.
+    """
+    find_calls_file = load("clawgym_env.trajectory.inspect", "find_calls_file", "the call log reader")
+    read_calls = load("clawgym_env.records", "read_calls", "the call log reader")
+    record_line = load("clawgym_env.records", "record_line", "the call log reader")
+    reader = read_calls(find_calls_file(run_dir), rollout)
+    out = sys.stdout.buffer
+    for call in reader:
+        out.write(record_line(call))
+    out.flush()
+    if reader.torn_lines:
+        print(f"{reader.torn_lines} torn line(s) skipped (a writer was killed mid-line)", file=sys.stderr)
 
 
 @app.command()

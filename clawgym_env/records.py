@@ -235,7 +235,7 @@ def _request_reuse(request: dict[str, Any], previous: dict[str, Any]) -> tuple[d
     lists: dict[str, int] = {}
     same: list[str] = []
     for key, value in request.items():
-        before = previous.get(key)
+        before = previous.get(key, _ABSENT)
         if value is before:
             same.append(key)
         elif (
@@ -246,6 +246,9 @@ def _request_reuse(request: dict[str, Any], previous: dict[str, Any]) -> tuple[d
         ):
             lists[key] = len(before)
     return lists, same
+
+
+_ABSENT = object()  # a key the previous request did not have (None is a value: `{"x": null}`)
 
 
 class _Unresolved(Exception):

@@ -9,9 +9,12 @@ stay small, that every call reads back equal, and that what cannot be referred t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import orjson
 
-from clawgym_env.records import CallLog, ModelCall, PrefixCheck, read_calls, segment
+from clawgym_env.records import CallLog, ModelCall, PrefixCheck, read_calls, record_line, segment
 from clawgym_env.specs import ApiStyle
 
 TOOLS = [{"type": "function", "function": {"name": f"tool{i}", "description": "d" * 200}} for i in range(8)]
@@ -108,6 +111,16 @@ def test_what_cannot_be_referred_to_is_written_whole(tmp_path) -> None:  # type:
     assert list(read_calls(tmp_path / "calls.jsonl")) == calls
 
 
+def test_a_key_the_previous_request_lacked_is_written_even_when_null(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`None` is one object: a new `"x": null` is `previous.get("x")`, but not a value the previous request had."""
+    calls = rollout("r", 2)
+    calls[1] = calls[1].model_copy(update={"request": {**calls[1].request, "metadata": None, "stop": True}})
+    lines = [orjson.loads(line) for line in write(tmp_path / "calls.jsonl", calls)]
+    assert lines[1]["request_rest"]["metadata"] is None and lines[1]["request_rest"]["stop"] is True
+    assert "metadata" not in lines[1]["request_from"]["same"]
+    assert list(read_calls(tmp_path / "calls.jsonl")) == calls
+
+
 def test_a_forgotten_rollout_and_a_reopened_log_write_whole_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
     calls = rollout("r", 5)
     path = tmp_path / "calls.jsonl"
@@ -134,3 +147,15 @@ def test_a_line_that_refers_to_a_torn_line_is_skipped_and_counted(tmp_path) -> N
     # a#2 refers to a#1: it cannot be put back together either; b is whole
     assert [(c.rollout_id, c.call_index) for c in reader] == [("a", 0), ("b", 0), ("b", 1)]
     assert reader.torn_lines == 2
+
+
+def test_clawgym_calls_prints_every_call_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """For jq and users' own scripts, which read lines one by one: `clawgym calls RUN_DIR [--rollout ID]`."""
+    a, b = rollout("a", 4), rollout("b", 3)
+    write(tmp_path / "calls.jsonl", [*a, *b])
+    cli = [sys.executable, "-c", "from clawgym_cli.app import app; app()", "calls"]
+    whole = subprocess.run([*cli, str(tmp_path)], capture_output=True, check=True).stdout.splitlines()
+    assert [orjson.loads(line) for line in whole] == [orjson.loads(record_line(c)) for c in [*a, *b]]
+    assert ModelCall.model_validate_json(whole[3]) == a[3]  # a whole line, on its own
+    only_b = subprocess.run([*cli, str(tmp_path / "calls.jsonl"), "--rollout", "b"], capture_output=True, check=True)
+    assert [orjson.loads(line) for line in only_b.stdout.splitlines()] == [c.model_dump(mode="json") for c in b]
