@@ -23,6 +23,7 @@ line a log writes for a rollout is whole (the fields of `ModelCall`); a later on
 
 from __future__ import annotations
 
+import errno
 import functools
 import operator
 import os
@@ -342,10 +343,25 @@ class CallLog:
                 os.fsync(fh.fileno())
 
     def _write(self, fh: Any, line: bytes) -> None:
+        """Write the whole line or nothing: a write the disk cuts short (full, over a size limit) returns how
+        much it took without raising; the rest is retried, and if that fails the file is cut back to where
+        the line began, so no fragment is left for the next line to be glued to (or to refer to)."""
         with self._lock:
-            fh.write(line)
-            if self.fsync:
-                os.fsync(fh.fileno())
+            fd = fh.fileno()
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(line)
+                while view:
+                    written = fh.write(view)
+                    if not written:
+                        raise OSError(errno.ENOSPC, "the log's file took no more bytes")
+                    view = view[written:]
+                if self.fsync:
+                    os.fsync(fd)
+            except BaseException:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.ftruncate(fd, start)
+                raise
 
     def close(self) -> None:
         with self._lock:

@@ -159,3 +159,39 @@ def test_clawgym_calls_prints_every_call_whole(tmp_path) -> None:  # type: ignor
     assert ModelCall.model_validate_json(whole[3]) == a[3]  # a whole line, on its own
     only_b = subprocess.run([*cli, str(tmp_path / "calls.jsonl"), "--rollout", "b"], capture_output=True, check=True)
     assert [orjson.loads(line) for line in only_b.stdout.splitlines()] == [c.model_dump(mode="json") for c in b]
+
+
+CUT_SHORT = """
+import resource, signal, sys
+from pathlib import Path
+from tests.foundation.test_call_log_lines import rollout
+from clawgym_env.records import CallLog
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: write() returns short, then fails with EFBIG
+path = Path(sys.argv[1])
+calls = rollout("r", 3)
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+with CallLog(path) as log:
+    log.append(calls[0])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 500, hard))  # call 1's line does not fit
+    try:
+        log.append(calls[1])
+    except OSError as exc:
+        print("refused:", exc.errno, path.stat().st_size)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # room again
+    log.append(calls[2])
+"""
+
+
+def test_a_write_the_disk_cuts_short_leaves_no_fragment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A full disk takes part of a line without an error: the log is cut back, the call refused (the proxy
+    answers 500 record_failed), and the next call's line neither glues to a fragment nor refers to it."""
+    path = tmp_path / "calls.jsonl"
+    out = subprocess.run([sys.executable, "-c", CUT_SHORT, str(path)], capture_output=True, text=True, check=True)
+    first = len(record_line(rollout("r", 1)[0]))
+    assert out.stdout.split() == ["refused:", "27", str(first)]  # EFBIG; the file ends where call 0's line ends
+    reader = read_calls(path)
+    calls = rollout("r", 3)
+    assert list(reader) == [calls[0], calls[2]] and reader.torn_lines == 0
+    line = orjson.loads(path.read_bytes().splitlines()[1])  # call 2's: it extends call 1, which is not logged
+    assert "prompt_ids" in line and line["request_from"]["call"] == 0  # so its ids are whole; never refer to 1
