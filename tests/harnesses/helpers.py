@@ -13,6 +13,7 @@ from clawgym_env.rollout import RolloutResult, run_rollout
 from clawgym_env.serving_stack import serving_stack
 from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec
 from harness_adapters.tool_calls import tool_call, write_file_call
+from tests.log_check import assert_log_holds
 
 __all__ = [
     "ANSWER",
@@ -93,4 +94,5 @@ async def one_rollout(
         )
         if proxy_stats is not None:
             proxy_stats.append(stack.proxy.stats(result.rollout_id))
+        assert_log_holds(stack.proxy.log_path, result.calls)  # the log gives back every call the rollout made
         return result

@@ -8,7 +8,8 @@ from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
 from clawgym_env.proxy import ChatMLRenderer, ServingProxy
-from clawgym_env.records import ModelCall, read_calls
+from clawgym_env.records import ModelCall
+from tests.log_check import assert_log_holds
 
 WRITE_SCHEMA = {
     "type": "object",
@@ -58,16 +59,6 @@ class LogCheckingProxy(ServingProxy):
         calls = super().close_rollout(rollout_id)
         self.returned += calls
         return calls
-
-
-def assert_log_holds(log_path, calls: list[ModelCall]) -> None:
-    """Every call, read back from the log, equals the call the proxy returned (but `delivered`, which the
-    receipts file may have set since)."""
-    logged = {(c.rollout_id, c.call_index): c for c in read_calls(log_path)}
-    for call in calls:
-        back = logged.get((call.rollout_id, call.call_index))
-        assert back is not None, f"{call.rollout_id}#{call.call_index} is not in the log"
-        assert back.model_dump(exclude={"delivered"}) == call.model_dump(exclude={"delivered"})
 
 
 @pytest.fixture
