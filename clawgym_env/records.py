@@ -257,7 +257,8 @@ class _Unresolved(Exception):
 
 
 def _resolve(data: dict[str, Any], earlier: Mapping[int, ModelCall]) -> None:
-    """Turn a line's references to earlier calls of its rollout back into `prompt_ids` and `request`, in place."""
+    """Turn a line's references to earlier calls of its rollout back into `prompt_ids`, `segments` and `request`,
+    in place; raises _Unresolved when the call referred to was not read."""
     ref = data.pop("prompt_from", None)
     if ref is not None:
         base = earlier.get(ref["call"])
