@@ -51,6 +51,16 @@ class RolloutStats(BaseModel):
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
 
+@dataclass(slots=True)
+class _Fold:
+    """Where a recorded call's ids are kept once a later call of its agent extends them: the first
+    `prompt_length` ids of `tape` are its prompt, the next `generated_length` its generation."""
+
+    tape: list[int]
+    prompt_length: int
+    generated_length: int
+
+
 @dataclass
 class RolloutState:
     route: RolloutRoute
@@ -68,6 +78,8 @@ class RolloutState:
     last_agent: int | None = None  # the agent of the latest completed call
     _agent_of: dict[int, int] = field(default_factory=dict)  # call index -> its agent, decided when checked
     _agents_seen: int = 0  # agents numbered in order of their first checked call
+    _folds: dict[int, _Fold] = field(default_factory=dict)  # call index -> where its ids are (fold)
+    _on_tape: dict[int, tuple[list[int], list[_Fold]]] = field(default_factory=dict)  # id(tape) -> its folds
     closed: bool = False
 
     def check_prefix(self, call: ModelCall) -> PrefixCheck:
@@ -95,7 +107,8 @@ class RolloutState:
         return check
 
     def completed(self, call: ModelCall) -> None:
-        """A call that generated: later prompts of its agent are compared with its full ids."""
+        """A call that generated: later prompts of its agent are compared with its full ids. The agent's
+        previous call, when this prompt extends its ids, is folded into this prompt (`fold`)."""
         agent = self._agent_of.pop(call.call_index, None)
         if agent is None or agent not in self.agents:  # a new root, unless a concurrent call just opened it
             known = next((a for a, c in self.agents.items() if same_root(call.prompt_ids, call.segments, c)), None)
@@ -103,8 +116,49 @@ class RolloutState:
                 agent = known
             elif agent is None:
                 agent, self._agents_seen = self._agents_seen, self._agents_seen + 1
+        previous = self.agents.get(agent)
         self.agents[agent] = call
         self.last_agent = agent
+        check = call.prefix
+        if (
+            previous is not None
+            and not self.closed  # close_rollout has handed the calls out whole: they are the caller's now
+            and check is not None
+            and check.extended
+            and check.previous_call == previous.call_index
+        ):
+            self.fold(previous, call.prompt_ids)
+
+    def fold(self, call: ModelCall, tape: list[int]) -> None:
+        """Keep `call`'s prompt and generated ids as the start of `tape` (a later prompt of its agent, which
+        begins with them), and so the calls and generations already kept on `call`'s prompt: each call's
+        prompt is the one before it plus a few turns, so one list per agent holds them all, and an open
+        rollout's memory grows with its tokens, not with its calls times its tokens. `whole()` gives the
+        call back with its own lists."""
+        old = call.prompt_ids
+        if call.call_index in self._folds or tape is old:
+            return
+        folds = self._on_tape.pop(id(old), (old, []))[1]
+        folds.append(fold := _Fold(tape, len(old), len(call.generated_ids)))
+        self._folds[call.call_index] = fold
+        for each in folds:
+            each.tape = tape
+        self._on_tape.setdefault(id(tape), (tape, []))[1].extend(folds)
+        call.prompt_ids, call.generated_ids = [], []
+        self.memory.rebase(old, tape)
+
+    def whole(self, call: ModelCall, in_place: bool = False) -> ModelCall:
+        """`call` with its own prompt and generated ids: a copy (a later fold does not change it), or, when
+        `in_place`, the call itself, no longer folded (close_rollout)."""
+        fold = self._folds.pop(call.call_index, None) if in_place else self._folds.get(call.call_index)
+        if fold is None:
+            return call if in_place else call.model_copy()
+        end = fold.prompt_length + fold.generated_length
+        ids = {"prompt_ids": fold.tape[: fold.prompt_length], "generated_ids": fold.tape[fold.prompt_length : end]}
+        if not in_place:
+            return call.model_copy(update=ids)
+        call.prompt_ids, call.generated_ids = ids["prompt_ids"], ids["generated_ids"]
+        return call
 
     def keep_resume(self, rendered: RenderedPrompt) -> None:
         """Keep where this render left off for the rollout's next calls (one per agent, the latest few agents):

@@ -323,7 +323,7 @@ class ServingProxy:
         while len(self._closed) > self.keep_closed:
             forgotten, _ = self._closed.popitem(last=False)
             self._closed_keys.pop(forgotten, None)
-        return sorted(state.calls, key=lambda c: c.call_index)
+        return sorted((state.whole(c, in_place=True) for c in state.calls), key=lambda c: c.call_index)
 
     def stats(self, rollout_id: str) -> RolloutStats:
         """An open rollout's stats, or a closed one's while it is among the latest `keep_closed` closed."""
@@ -354,15 +354,15 @@ class ServingProxy:
         state = self._open_state(rollout_id)
         call = call.model_copy(update={"call_index": state.take_index(), "rollout_id": rollout_id, "delivered": True})
         call.prefix = state.check_prefix(call)
-        if call.generated_ids and call.error is None:
-            state.completed(call)
         state.stats.completed_calls += 1
         state.stats.prompt_tokens += len(call.prompt_ids)
         state.stats.generated_tokens += len(call.generated_ids)
         self._record(state, call)
         if self._fsync and self._log is not None:
             self._log.sync()  # no answer to hold back here: sync now, as CallLog(fsync=True) would
-        return call
+        if call.generated_ids and call.error is None:
+            state.completed(call)  # after the record, as for an HTTP call: its line may refer to the previous one
+        return call.model_copy()  # the rollout's own may have its ids folded into a later call's (RolloutState.fold)
 
     def _open_state(self, rollout_id: str) -> RolloutState:
         state = self._rollouts.get(rollout_id)
@@ -371,8 +371,9 @@ class ServingProxy:
         return state
 
     def calls(self, rollout_id: str) -> list[ModelCall]:
-        """The calls recorded so far for an open rollout."""
-        return sorted(self._rollouts[rollout_id].calls, key=lambda c: c.call_index)
+        """Copies of the calls recorded so far for an open rollout (the rollout may fold their ids later)."""
+        state = self._rollouts[rollout_id]
+        return sorted((state.whole(c) for c in state.calls), key=lambda c: c.call_index)
 
     def _authorize(self, request: Request, rollout_id: str, style: ApiStyle) -> RolloutState:
         """The open rollout whose key was sent. Without that key every route answers the same 401, so a

@@ -76,11 +76,15 @@ def rewritten_keys(text: str, tool_calls: list[ToolCall]) -> list[tuple[str, Str
 @dataclass(slots=True)
 class RecordedGeneration:
     call_index: int
-    prompt_ids: list[int]
+    tape: list[int]  # begins with the generation's prompt: that prompt, or a later prompt of its agent (rebase)
+    prompt_length: int
     token_ids: list[int]  # raw generated ids, including the stop token when the engine emitted one
     ended_with_stop: bool
     reasoning: str | None
     position: int | None = None  # assistant turns before this one in its call's conversation
+
+    def prompt_ids(self) -> list[int]:
+        return self.tape if len(self.tape) == self.prompt_length else self.tape[: self.prompt_length]
 
 
 class GenerationMemory:
@@ -89,6 +93,7 @@ class GenerationMemory:
     def __init__(self) -> None:
         self._by_key: dict[StructureKey, list[RecordedGeneration]] = {}
         self._by_rewrite: dict[StructureKey, list[tuple[RecordedGeneration, str]]] = {}
+        self._on_tape: dict[int, tuple[list[int], list[RecordedGeneration]]] = {}  # id(tape) -> (tape, its records)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -108,7 +113,8 @@ class GenerationMemory:
             return  # an empty generation cannot be echoed meaningfully; it is rendered if it ever is
         record = RecordedGeneration(
             call_index=call_index,
-            prompt_ids=prompt_ids,
+            tape=prompt_ids,
+            prompt_length=len(prompt_ids),
             token_ids=list(token_ids),
             ended_with_stop=token_ids[-1] == end_token_id,
             reasoning=parsed.reasoning,
@@ -120,6 +126,24 @@ class GenerationMemory:
             self._by_key.setdefault(key, []).append(record)
             for name, alias in aliases:
                 self._by_rewrite.setdefault(alias, []).append((record, name))
+            self._on_tape.setdefault(id(prompt_ids), (prompt_ids, []))[1].append(record)
+
+    def rebase(self, old: list[int], new: list[int]) -> None:
+        """The generations prompted with a prefix of `old` read their prompts from `new` instead, which begins
+        with all of `old` (the next prompt of their agent, which extends it): `old` can be freed. So a rollout
+        keeps one list of ids per agent, not one per call (RolloutState.fold)."""
+        with self._lock:
+            moved = self._on_tape.pop(id(old), None)
+            if moved is None:
+                return
+            for record in moved[1]:
+                record.tape = new
+            self._on_tape.setdefault(id(new), (new, []))[1].extend(moved[1])
+
+    def tapes(self) -> set[int]:
+        """The ids (`id()`) of the lists the remembered generations read their prompts from."""
+        with self._lock:
+            return {id(r.tape) for records in self._by_key.values() for r in records}
 
     def find(self, message: Message, context: EchoContext) -> SplicedTurn | None:
         """The generation an echoed assistant message came from, or None (a drift event)."""
@@ -148,7 +172,7 @@ class GenerationMemory:
 
 def _prompted_here(record: RecordedGeneration, context: EchoContext) -> bool:
     """The generation's prompt is exactly the prompt the echoed turn sits after."""
-    return len(record.prompt_ids) == context.prompt_length and record.prompt_ids == context.prompt_ids()
+    return record.prompt_length == context.prompt_length and record.prompt_ids() == context.prompt_ids()
 
 
 def _closest(
@@ -157,7 +181,7 @@ def _closest(
     """Among generations of one structure, the one this echo came from (see the module docstring), and
     whether its prompt is exactly the prompt the echo sits after."""
     length = context.prompt_length
-    exact = [c for c in candidates if len(c.prompt_ids) == length and _prompted_here(c, context)]
+    exact = [c for c in candidates if c.prompt_length == length and _prompted_here(c, context)]
     if exact:
         return exact[-1], True
     prompt = context.prompt_ids()
@@ -166,7 +190,7 @@ def _closest(
     def score(c: RecordedGeneration) -> tuple[bool, int, bool, int]:
         return (
             c.position == context.position,
-            common_prefix_length(c.prompt_ids, prompt),
+            min(common_prefix_length(c.tape, prompt), c.prompt_length),
             reasoning is not None and c.reasoning == reasoning,
             c.call_index,
         )
