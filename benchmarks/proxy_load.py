@@ -367,6 +367,7 @@ async def serve(args: argparse.Namespace) -> None:
             answer({"routes": routes})
         elif cmd["cmd"] == "close":
             cpu_s = time.process_time() - cpu_at_open
+            rss_open = rss_mb()  # with all the level's rollouts open and played out: what a proxy holds
             if profiler is not None:
                 profiler.disable()
                 profiler.dump_stats(str(args.profile))
@@ -386,7 +387,8 @@ async def serve(args: argparse.Namespace) -> None:
                     "cpu_s": cpu_s,
                     "handler_p50_ms": 1e3 * pct(handler_s, 0.5),
                     "handler_p99_ms": 1e3 * pct(handler_s, 0.99),
-                    "rss_mb": rss_mb(),
+                    "rss_mb": rss_mb(),  # after close_rollout handed every call out whole
+                    "rss_open_mb": rss_open,
                     "open_fds": len(os.listdir("/proc/self/fd")),
                     "guards": proxy.guard_stats().model_dump(),
                     "tables": proxy.table_sizes(),
@@ -644,6 +646,7 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "log_kb_per_call": closed.get("log_bytes", 0) / 1024 / max(len(latencies), 1),
         "gc_full_max_ms": closed.get("gc_full_max_ms"),
         "proxy_rss_mb": closed["rss_mb"],
+        "proxy_rss_open_mb": closed.get("rss_open_mb", float("nan")),
         "proxy_open_fds": closed["open_fds"],
         "client_processes": clients,
         "client_cpu_s": sum(r["cpu_s"] for r in results),
@@ -661,7 +664,8 @@ def format_row(r: dict[str, Any]) -> str:
         f"{r['bare_calls_per_cpu_s']:6.0f} | bare median {r['bare_median_ms']:.2f} ms | added median {r['added_median_ms']:7.2f} ms p99 "
         f"{r['added_p99_ms']:8.2f} ms | handler p50 {r['handler_p50_ms']:.2f} ms | loop lag p99 "
         f"{r['loop_lag_p99_ms']:.1f} ms max {r['loop_lag_max_ms']:.1f} | GC full {r['gc_full_passes']} max "
-        f"{r['gc_full_max_ms']:.0f} ms | log {r['log_kb_per_call']:.1f} kB/call | RSS {r['proxy_rss_mb']:.0f} MB "
+        f"{r['gc_full_max_ms']:.0f} ms | log {r['log_kb_per_call']:.1f} kB/call | RSS {r['proxy_rss_open_mb']:.0f} MB open, "
+        f"{r['proxy_rss_mb']:.0f} MB closed "
         f"fds {r['proxy_open_fds']} | clients {r['client_processes']} cpu {r['client_cpu_s']:.1f} s "
         f"wall {r['wall_s']:.1f} s | load {r['load_avg']:.2f}"
     )
