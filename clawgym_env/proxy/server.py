@@ -107,6 +107,15 @@ def _connection_lost(request: Request) -> asyncio.Future[None] | None:
     return connection.lost() if connection is not None else None
 
 
+def _header(request: Request, name: bytes) -> str | None:
+    """The first value of a header (`name` lower-case, as ASGI gives them), read off the scope: starlette's
+    `request.headers.get` builds a mapping and pays an exception for every header a request lacks."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(content=jsonio.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
@@ -378,9 +387,9 @@ class ServingProxy:
     def _authorize(self, request: Request, rollout_id: str, style: ApiStyle) -> RolloutState:
         """The open rollout whose key was sent. Without that key every route answers the same 401, so a
         caller cannot tell open, closed and unknown rollouts apart; a closed rollout's own key gets 410."""
-        key = request.headers.get("x-api-key")
+        key = _header(request, b"x-api-key")
         if key is None:
-            auth = request.headers.get("authorization", "")
+            auth = _header(request, b"authorization") or ""
             key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
         sent = (key or "").encode()
         state = self._rollouts.get(rollout_id)
@@ -427,7 +436,7 @@ class ServingProxy:
     async def _read_body(self, request: Request) -> bytes:
         """The request body, refused (413) past `max_body_bytes` without keeping more than that in memory."""
         limit = self.guards.max_body_bytes
-        declared = request.headers.get("content-length")
+        declared = _header(request, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise BodyTooLarge(int(declared), limit, partial=False)
         chunks: list[bytes] = []

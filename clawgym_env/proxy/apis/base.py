@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
+import os
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -21,8 +23,25 @@ T = TypeVar("T")
 STREAM_CHUNK_CHARS = 96  # text and argument deltas are cut into pieces of this size
 
 
-def mint_id(prefix: str, nbytes: int = 12) -> str:
-    return prefix + secrets.token_hex(nbytes)
+class _IdMint:
+    """Unique ids for responses and tool calls: a random per-process half and a counter (24 hex digits).
+
+    They only need to be unique (a harness echoes them back; nothing is authorized by them), so a call
+    does not pay a getrandom syscall per id; a forked child draws a fresh random half.
+    """
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        self._base, self._counter = secrets.token_hex(6), itertools.count(int.from_bytes(secrets.token_bytes(3)))
+
+    def __call__(self, prefix: str) -> str:
+        return f"{prefix}{self._base}{next(self._counter) & 0xFFFFFFFFFFFF:012x}"
+
+
+mint_id = _IdMint()
 
 
 def chunks(text: str, size: int = STREAM_CHUNK_CHARS) -> list[str]:
