@@ -18,13 +18,17 @@ line a log writes for a rollout is whole (the fields of `ModelCall`); a later on
 - `request`: `request_from` {"call": i, "lists": {key: n}, "same": [key]} and `request_rest`: the request
   of call i (the rollout's previous line) with, for each key in `lists`, its first n items before the ones
   in `request_rest`, and each key in `same` as it was.
-`read_calls` puts the calls back together; read the log through it (or `clawgym inspect`), not line by line.
+A line refers only to its rollout's last `REFERABLE_CALLS` lines, and when the proxy closes a rollout the
+receipts file says after which line (`RolloutClosed`): a reader keeps a few calls per open rollout, not the
+whole log. `read_calls` puts the calls back together; read the log through it (or `clawgym inspect`), not
+line by line.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import logging
 import operator
 import os
 import stat
@@ -37,6 +41,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from clawgym_env.specs import ApiStyle
+
+log = logging.getLogger(__name__)
 
 SegmentKind = Literal[
     "system",  # system prompt (including the template's tool section)
@@ -153,6 +159,14 @@ class DeliveryReceipt(BaseModel):
     delivered: bool
 
 
+class RolloutClosed(BaseModel):
+    """Appended to the receipts file when the proxy closes a rollout: no later line refers to its calls (a
+    call that ends after the close is written whole), so a reader lets them go at `last_call`'s line."""
+
+    rollout_id: str
+    last_call: int  # the call index of the rollout's latest line in the log when it closed
+
+
 def _fields_of(value: Any) -> dict[str, Any]:
     if type(value) is ModelCall:  # its segments (a few per turn) as dicts: orjson writes them without calling back
         return {**value.__dict__, "segments": [s.__dict__ for s in value.segments]}
@@ -169,6 +183,9 @@ def record_line(record: BaseModel) -> bytes:
     the request and the ids; this runs once per model call on the proxy's event loop.
     """
     return orjson.dumps(record, default=_fields_of, option=orjson.OPT_APPEND_NEWLINE)
+
+
+REFERABLE_CALLS = 4  # a line refers to no call older than its rollout's last 4 lines (what a reader keeps)
 
 
 def delta_line(call: ModelCall, written: Mapping[int, ModelCall]) -> bytes:
@@ -296,9 +313,9 @@ def receipts_path(log_path: Path) -> Path:
 class CallLog:
     """Append-only JSONL of ModelCalls, one line per call, written as each call completes.
 
-    A line holds what its call adds to the earlier lines of its rollout (`delta_line`), so the log keeps the
-    calls it wrote of each rollout until `forget(rollout_id)` (the proxy forgets a rollout when it closes it;
-    a call written after that is written whole).
+    A line holds what its call adds to the latest lines of its rollout (`delta_line`), so the log keeps the
+    last `REFERABLE_CALLS` calls it wrote of each rollout until `forget(rollout_id)` (the proxy forgets a
+    rollout when it closes it, and the receipts file says so; a call written after that is written whole).
 
     A killed process loses no completed call (the line is in the OS before the response is sent);
     `fsync=True` also survives a machine crash at a per-call cost (the serving proxy instead batches
@@ -323,14 +340,24 @@ class CallLog:
         written = self._written.get(call.rollout_id)
         self._write(self._fh, delta_line(call, written) if written else record_line(call))
         with self._lock:
-            self._written.setdefault(call.rollout_id, {})[call.call_index] = call
+            latest = self._written.setdefault(call.rollout_id, {})
+            latest[call.call_index] = call
+            if len(latest) > REFERABLE_CALLS:
+                del latest[next(iter(latest))]  # the oldest: later lines may no longer refer to it
 
     def forget(self, rollout_id: str) -> None:
-        """Stop keeping a rollout's calls: its later calls (if any) are written whole."""
+        """Stop keeping a rollout's calls (its later calls, if any, are written whole) and note that it closed
+        (`RolloutClosed`), so readers stop keeping them too. Without that note (it could not be written) a
+        reader keeps them to the end of the log: memory, never a call."""
         with self._lock:
-            self._written.pop(rollout_id, None)
+            held = self._written.pop(rollout_id, None)
+        if held:
+            try:
+                self.append_receipt(RolloutClosed(rollout_id=rollout_id, last_call=next(reversed(held))))
+            except (OSError, ValueError) as exc:  # ValueError: the log was closed (the proxy stopped)
+                log.warning("could not note that rollout %s closed in %s: %s", rollout_id, self.path, exc)
 
-    def append_receipt(self, receipt: DeliveryReceipt) -> None:
+    def append_receipt(self, receipt: DeliveryReceipt | RolloutClosed) -> None:
         with self._lock:
             if self._receipts is None:
                 self._receipts = open(receipts_path(self.path), "a+b", buffering=0)  # noqa: SIM115 - kept open
@@ -401,14 +428,16 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
 
     A line that does not parse (torn by a writer that died mid-line, anywhere in the file) is skipped and
     counted in `torn_lines` once the iteration is done; a final line without a newline is torn too, and so
-    is a line that refers to a call whose line was torn. The reader keeps each rollout's calls while it reads
-    (later lines refer to them): pass `rollout_id` to read one rollout of a large log.
+    is a line that refers to a call whose line was torn. The reader keeps each open rollout's last
+    `REFERABLE_CALLS` calls while it reads (later lines refer to them) and lets them go at the rollout's last
+    line before it closed (`RolloutClosed`); `most_held` says the most calls it held at once.
     """
 
     def __init__(self, path: Path, rollout_id: str | None = None) -> None:
         self.path = Path(path)
         self.rollout_id = rollout_id
         self.torn_lines = 0
+        self.most_held = 0  # the most calls kept at once for later lines to refer to
         self._calls = self._read()
 
     def __iter__(self) -> read_calls:
@@ -417,26 +446,33 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
     def __next__(self) -> ModelCall:
         return next(self._calls)
 
-    def _receipts(self) -> dict[tuple[str, int], bool]:
+    def _receipts(self) -> tuple[dict[tuple[str, int], bool], dict[str, int]]:
+        """Whether each call's reply was delivered; after which call each closed rollout's lines end."""
         receipts: dict[tuple[str, int], bool] = {}
+        closed: dict[str, int] = {}
         path = receipts_path(self.path)
         if not path.is_file():
-            return receipts
+            return receipts, closed
         with open(path, "rb") as fh:
             for raw in fh:
                 try:
-                    receipt = DeliveryReceipt.model_validate_json(raw) if raw.endswith(b"\n") else None
-                except ValidationError:
-                    receipt = None
-                if receipt is None:
+                    if not raw.endswith(b"\n"):
+                        raise ValueError("torn")
+                    if b'"last_call"' in raw:
+                        ended = RolloutClosed.model_validate_json(raw)
+                        closed[ended.rollout_id] = ended.last_call
+                        continue
+                    receipt = DeliveryReceipt.model_validate_json(raw)
+                except ValueError:  # pydantic's ValidationError is a ValueError
                     self.torn_lines += 1
                     continue
                 receipts[(receipt.rollout_id, receipt.call_index)] = receipt.delivered
-        return receipts
+        return receipts, closed
 
     def _read(self) -> Iterator[ModelCall]:
-        receipts = self._receipts()
-        earlier: dict[str, dict[int, ModelCall]] = {}  # per rollout, its calls read so far
+        receipts, closed = self._receipts()
+        earlier: dict[str, dict[int, ModelCall]] = {}  # per open rollout, its latest calls read
+        held = 0
         with open(self.path, "rb") as fh:
             for raw in fh:
                 if not raw.endswith(b"\n"):
@@ -460,7 +496,15 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
                 except (ValidationError, _Unresolved, KeyError, TypeError):
                     self.torn_lines += 1
                     continue
-                earlier.setdefault(call.rollout_id, {})[call.call_index] = call
+                latest = earlier.setdefault(call.rollout_id, {})
+                held += call.call_index not in latest
+                latest[call.call_index] = call
+                if len(latest) > REFERABLE_CALLS:
+                    del latest[next(iter(latest))]
+                    held -= 1
+                self.most_held = max(self.most_held, held)
+                if closed.get(call.rollout_id) == call.call_index:  # its last line before the proxy closed it
+                    held -= len(earlier.pop(call.rollout_id))
                 delivered = receipts.get((call.rollout_id, call.call_index))
                 if delivered is not None:
                     call.delivered = delivered

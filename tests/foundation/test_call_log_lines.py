@@ -14,7 +14,16 @@ import sys
 
 import orjson
 
-from clawgym_env.records import CallLog, ModelCall, PrefixCheck, read_calls, record_line, segment
+from clawgym_env.records import (
+    REFERABLE_CALLS,
+    CallLog,
+    ModelCall,
+    PrefixCheck,
+    read_calls,
+    receipts_path,
+    record_line,
+    segment,
+)
 from clawgym_env.specs import ApiStyle
 
 TOOLS = [{"type": "function", "function": {"name": f"tool{i}", "description": "d" * 200}} for i in range(8)]
@@ -134,7 +143,44 @@ def test_a_forgotten_rollout_and_a_reopened_log_write_whole_lines(tmp_path) -> N
         log.append(calls[4])
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     assert ["prompt_ids" in line for line in lines] == [True, False, True, True, False]
-    assert list(read_calls(path)) == calls
+    notes = [orjson.loads(line) for line in receipts_path(path).read_bytes().splitlines()]
+    assert notes == [{"rollout_id": "r", "last_call": 1}]  # readers let the rollout's calls go after call 1
+    reader = read_calls(path)
+    assert list(reader) == calls and reader.torn_lines == 0
+
+
+def test_a_line_refers_only_to_its_rollouts_latest_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A prompt that extends a call older than the rollout's last REFERABLE_CALLS lines is written whole
+    (a subagent's calls came between): a reader keeps no more than those."""
+    calls = rollout("r", 12)
+    for call in calls[5:]:  # call 5 extends the call 4 lines back, the later ones the call 5 lines back
+        base = calls[call.call_index - REFERABLE_CALLS - (call.call_index > 5)]
+        full = len(base.prompt_ids) + len(base.generated_ids)
+        call.prefix = PrefixCheck(previous_call=base.call_index, extended=True, shared=full, previous_length=full)
+    lines = [orjson.loads(line) for line in write(tmp_path / "calls.jsonl", calls)]
+    assert lines[5]["prompt_from"]["call"] == 5 - REFERABLE_CALLS
+    assert [("prompt_from" in line) for line in lines[6:]] == [False] * 6
+    reader = read_calls(tmp_path / "calls.jsonl")
+    assert list(reader) == calls and reader.torn_lines == 0
+
+
+def test_a_reader_keeps_a_few_calls_per_open_rollout_not_the_log(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """200 rollouts of 10 calls, 8 open at a time (their lines interleaved, each closed when done): the
+    reader holds at most REFERABLE_CALLS calls of each open rollout, whatever the log's length."""
+    path = tmp_path / "calls.jsonl"
+    written: list[ModelCall] = []
+    with CallLog(path) as log:
+        for wave in range(25):
+            group = [rollout(f"w{wave}r{k}", 10) for k in range(8)]
+            for index in range(10):
+                for calls in group:
+                    log.append(calls[index])
+                    written.append(calls[index])
+            for calls in group:
+                log.forget(calls[0].rollout_id)
+    reader = read_calls(path)
+    assert list(reader) == written and reader.torn_lines == 0
+    assert reader.most_held == 8 * REFERABLE_CALLS
 
 
 def test_a_line_that_refers_to_a_torn_line_is_skipped_and_counted(tmp_path) -> None:  # type: ignore[no-untyped-def]
