@@ -29,7 +29,7 @@ def rewrite(calls: list[ModelCall], path: Path) -> int:
             memory = requests.setdefault(call.rollout_id, RequestMemory())
             log.append(call.model_copy(update={"request": memory.share(dict(call.request))}))
             if last[call.rollout_id] == position:
-                log.forget(call.rollout_id)  # the proxy closes the rollout: the log says so
+                log.forget(call.rollout_id)  # the proxy closes the rollout: the receipts note it
     return path.stat().st_size
 
 
