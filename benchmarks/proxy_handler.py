@@ -30,6 +30,21 @@ from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
 from benchmarks.proxy_load import FastTestEngine, StreamingFastTestEngine, next_turn, use_uvloop
 
 
+def chat_call(route: Any, tools: bytes, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes]:
+    """The ASGI scope and body of a streamed Chat Completions call on `route` (what uvicorn would hand over)."""
+    body = b'{"model":"policy","stream":true,"tools":' + tools + b',"messages":' + orjson.dumps(messages) + b"}"
+    headers = [(b"authorization", b"Bearer " + route.api_key.encode()), (b"content-type", b"application/json")]
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": f"{route.path_prefix}/v1/chat/completions",
+        "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        "query_string": b"",
+        "extensions": {},
+    }
+    return scope, body
+
+
 async def _serve_one(app: Any, scope: dict[str, Any], body: bytes) -> tuple[int, bytes]:
     """One call through the ASGI app, as uvicorn would make it: (status, the whole response body)."""
     sent = False
@@ -85,16 +100,7 @@ async def measure(
         route = proxy.open_rollout(name, policy, RolloutLimits(max_calls=calls + 1))
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": name}]
         for _ in range(calls):
-            body = b'{"model":"policy","stream":true,"tools":' + tools + b',"messages":' + orjson.dumps(messages) + b"}"
-            headers = [(b"authorization", b"Bearer " + route.api_key.encode()), (b"content-type", b"application/json")]
-            scope = {
-                "type": "http",
-                "method": "POST",
-                "path": f"{route.path_prefix}/v1/chat/completions",
-                "headers": [*headers, (b"content-length", str(len(body)).encode())],
-                "query_string": b"",
-                "extensions": {},
-            }
+            scope, body = chat_call(route, tools, messages)
             start = time.process_time()
             status, answer = await _serve_one(app, scope, body)
             handler_cpu += time.process_time() - start

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
-from benchmarks.proxy_handler import _serve_one
+from benchmarks.proxy_handler import _serve_one, chat_call
 from benchmarks.proxy_load import FastTestEngine, next_turn, rss_mb, use_uvloop
 
 
@@ -47,17 +47,8 @@ async def held_by_open_rollouts(rollouts: int, calls: int) -> dict[str, float]:
     async def rollout(name: str) -> None:
         route = proxy.open_rollout(name, policy, RolloutLimits(max_calls=calls + 1))
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": name}]
-        headers = [(b"authorization", b"Bearer " + route.api_key.encode()), (b"content-type", b"application/json")]
         for _ in range(calls):
-            body = b'{"model":"policy","stream":true,"tools":' + tools + b',"messages":' + orjson.dumps(messages) + b"}"
-            scope = {
-                "type": "http",
-                "method": "POST",
-                "path": f"{route.path_prefix}/v1/chat/completions",
-                "headers": [*headers, (b"content-length", str(len(body)).encode())],
-                "query_string": b"",
-                "extensions": {},
-            }
+            scope, body = chat_call(route, tools, messages)
             status, answer = await _serve_one(app, scope, body)
             assert status == 200, answer[:300]
             next_turn(messages, [line[6:] for line in answer.split(b"\n") if line.startswith(b"data: ")])
