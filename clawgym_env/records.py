@@ -15,9 +15,9 @@ line a log writes for a rollout is whole (the fields of `ModelCall`); a later on
   prompt + generated ids (j: the call `prefix.previous_call` names), then the tail;
 - `segments`: `segments_from` {"call": j, "count": k} and `segments_tail`: call j's first k segments, then the
   tail;
-- `request`: `request_from` {"call": i, "lists": {key: n}, "same": [key]} and `request_rest`: the request
-  of call i (the rollout's previous line) with, for each key in `lists`, its first n items before the ones
-  in `request_rest`, and each key in `same` as it was.
+- `request`: `request_from` {"call": i, "lists": {key: n}, "same": [key]} and `request_rest`: the request's
+  keys in the order sent, with, for each key in `lists`, call i's (the rollout's previous line) first n
+  items before the ones in `request_rest`, and each key in `same` (null there) as it was in call i's.
 A line refers only to its rollout's last `REFERABLE_CALLS` lines, and when the proxy closes a rollout the
 receipts file says after which line (`RolloutClosed`): a reader keeps a few calls per open rollout, not the
 whole log. `read_calls` puts the calls back together; read the log through it (or `clawgym inspect`), not
@@ -214,10 +214,10 @@ def delta_line(call: ModelCall, written: Mapping[int, ModelCall]) -> bytes:
         if lists or same:
             del fields["request"]
             fields["request_from"] = {"call": previous.call_index, "lists": lists, "same": same}
-            fields["request_rest"] = {
-                key: value[lists[key] :] if key in lists else value
+            kept = set(same)
+            fields["request_rest"] = {  # every key, in the order sent: a `same` key holds its place as null
+                key: None if key in kept else value[lists[key] :] if key in lists else value
                 for key, value in call.request.items()
-                if key not in same
             }
     return orjson.dumps(fields, default=_fields_of, option=orjson.OPT_APPEND_NEWLINE)
 

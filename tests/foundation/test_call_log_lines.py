@@ -97,6 +97,7 @@ def test_lines_stay_small_as_a_rollout_grows_and_read_back_equal(tmp_path) -> No
     assert sum(map(len, lines)) < whole / 10
     back = list(read_calls(tmp_path / "calls.jsonl"))
     assert back == calls
+    assert all(list(b.request) == list(c.request) for b, c in zip(back, calls))  # keys in the order sent
 
 
 def test_rollouts_interleaved_read_back_each_and_filtered(tmp_path) -> None:  # type: ignore[no-untyped-def]
