@@ -14,6 +14,7 @@ from clawgym_env.proxy.apis.base import ValidatedItems
 from clawgym_env.proxy.renderers.base import RenderedPrompt
 from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.splice import GenerationMemory
+from clawgym_env.proxy.tapes import TapeIndex
 from clawgym_env.records import ModelCall, PrefixCheck
 
 __all__ = ["ROLLOUT_ID_RE", "RolloutState", "RolloutStats", "common_prefix_length"]
@@ -79,7 +80,7 @@ class RolloutState:
     _agent_of: dict[int, int] = field(default_factory=dict)  # call index -> its agent, decided when checked
     _agents_seen: int = 0  # agents numbered in order of their first checked call
     _folds: dict[int, _Fold] = field(default_factory=dict)  # call index -> where its ids are (fold)
-    _on_tape: dict[int, tuple[list[int], list[_Fold]]] = field(default_factory=dict)  # id(tape) -> its folds
+    _on_tape: TapeIndex[_Fold] = field(default_factory=TapeIndex)  # the folds, by the list they read
     closed: bool = False
 
     def check_prefix(self, call: ModelCall) -> PrefixCheck:
@@ -138,12 +139,9 @@ class RolloutState:
         old = call.prompt_ids
         if call.call_index in self._folds or tape is old:
             return
-        folds = self._on_tape.pop(id(old), (old, []))[1]
-        folds.append(fold := _Fold(tape, len(old), len(call.generated_ids)))
+        self._on_tape.move(old, tape)
+        self._on_tape.add(fold := _Fold(tape, len(old), len(call.generated_ids)))
         self._folds[call.call_index] = fold
-        for each in folds:
-            each.tape = tape
-        self._on_tape.setdefault(id(tape), (tape, []))[1].extend(folds)
         call.prompt_ids, call.generated_ids = [], []
         self.memory.rebase(old, tape)
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from clawgym_env.prefix import common_prefix_length
 from clawgym_env.proxy.conversation import Message, ToolCall, canonical_arguments
 from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, SplicedTurn
+from clawgym_env.proxy.tapes import TapeIndex
 
 StructureKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -93,7 +94,7 @@ class GenerationMemory:
     def __init__(self) -> None:
         self._by_key: dict[StructureKey, list[RecordedGeneration]] = {}
         self._by_rewrite: dict[StructureKey, list[tuple[RecordedGeneration, str]]] = {}
-        self._on_tape: dict[int, tuple[list[int], list[RecordedGeneration]]] = {}  # id(tape) -> (tape, its records)
+        self._on_tape: TapeIndex[RecordedGeneration] = TapeIndex()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -126,19 +127,14 @@ class GenerationMemory:
             self._by_key.setdefault(key, []).append(record)
             for name, alias in aliases:
                 self._by_rewrite.setdefault(alias, []).append((record, name))
-            self._on_tape.setdefault(id(prompt_ids), (prompt_ids, []))[1].append(record)
+            self._on_tape.add(record)
 
     def rebase(self, old: list[int], new: list[int]) -> None:
         """The generations prompted with a prefix of `old` read their prompts from `new` instead, which begins
         with all of `old` (the next prompt of their agent, which extends it): `old` can be freed. So a rollout
         keeps one list of ids per agent, not one per call (RolloutState.fold)."""
         with self._lock:
-            moved = self._on_tape.pop(id(old), None)
-            if moved is None:
-                return
-            for record in moved[1]:
-                record.tape = new
-            self._on_tape.setdefault(id(new), (new, []))[1].extend(moved[1])
+            self._on_tape.move(old, new)
 
     def tapes(self) -> set[int]:
         """The ids (`id()`) of the lists the remembered generations read their prompts from."""
