@@ -188,6 +188,17 @@ def record_line(record: BaseModel) -> bytes:
 REFERABLE_CALLS = 4  # a line refers to no call older than its rollout's last 4 lines (what a reader keeps)
 
 
+def _keep_latest(latest: dict[int, ModelCall], call: ModelCall) -> int:
+    """Keep `call` among its rollout's latest REFERABLE_CALLS calls (oldest first), as both the writer and the
+    reader of a log do, so a line refers only to calls its reader still holds; how many more are held now."""
+    added = call.call_index not in latest
+    latest[call.call_index] = call
+    if len(latest) > REFERABLE_CALLS:
+        del latest[next(iter(latest))]
+        return 0
+    return int(added)
+
+
 def delta_line(call: ModelCall, written: Mapping[int, ModelCall]) -> bytes:
     """The log line of `call` given the rollout's calls written before it (by call index; the latest last):
     its prompt as a tail after an earlier call's ids, its request as what it adds to the previous line's
@@ -276,25 +287,27 @@ class _Unresolved(Exception):
 def _resolve(data: dict[str, Any], earlier: Mapping[int, ModelCall]) -> None:
     """Turn a line's references to earlier calls of its rollout back into `prompt_ids`, `segments` and `request`,
     in place; raises _Unresolved when the call referred to was not read."""
-    ref = data.pop("prompt_from", None)
-    if ref is not None:
+
+    def referred(key: str) -> tuple[ModelCall, dict[str, Any]] | None:
+        """The call a reference (popped from the line) names, and the reference."""
+        ref = data.pop(key, None)
+        if ref is None:
+            return None
         base = earlier.get(ref["call"])
         if base is None:
-            raise _Unresolved(f"prompt of call {ref['call']}")
+            raise _Unresolved(f"{key}: call {ref['call']} was not read")
+        return base, ref
+
+    if found := referred("prompt_from"):
+        base, ref = found
         length, head = ref["length"], base.prompt_ids
         start = head[:length] if length <= len(head) else head + base.generated_ids[: length - len(head)]
         data["prompt_ids"] = start + data.pop("prompt_tail")
-    ref = data.pop("segments_from", None)
-    if ref is not None:
-        base = earlier.get(ref["call"])
-        if base is None:
-            raise _Unresolved(f"segments of call {ref['call']}")
+    if found := referred("segments_from"):
+        base, ref = found
         data["segments"] = base.segments[: ref["count"]] + data.pop("segments_tail")
-    ref = data.pop("request_from", None)
-    if ref is not None:
-        base = earlier.get(ref["call"])
-        if base is None:
-            raise _Unresolved(f"request of call {ref['call']}")
+    if found := referred("request_from"):
+        base, ref = found
         request = data.pop("request_rest")
         for key, count in ref["lists"].items():
             request[key] = base.request[key][:count] + request[key]
@@ -340,10 +353,7 @@ class CallLog:
         written = self._written.get(call.rollout_id)
         self._write(self._fh, delta_line(call, written) if written else record_line(call))
         with self._lock:
-            latest = self._written.setdefault(call.rollout_id, {})
-            latest[call.call_index] = call
-            if len(latest) > REFERABLE_CALLS:
-                del latest[next(iter(latest))]  # the oldest: later lines may no longer refer to it
+            _keep_latest(self._written.setdefault(call.rollout_id, {}), call)
 
     def forget(self, rollout_id: str) -> None:
         """Stop keeping a rollout's calls (its later calls, if any, are written whole) and note that it closed
@@ -496,12 +506,7 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
                 except (ValidationError, _Unresolved, KeyError, TypeError):
                     self.torn_lines += 1
                     continue
-                latest = earlier.setdefault(call.rollout_id, {})
-                held += call.call_index not in latest
-                latest[call.call_index] = call
-                if len(latest) > REFERABLE_CALLS:
-                    del latest[next(iter(latest))]
-                    held -= 1
+                held += _keep_latest(earlier.setdefault(call.rollout_id, {}), call)
                 self.most_held = max(self.most_held, held)
                 if closed.get(call.rollout_id) == call.call_index:  # its last line before the proxy closed it
                     held -= len(earlier.pop(call.rollout_id))
