@@ -383,22 +383,25 @@ class CallLog:
     def _write(self, fh: Any, line: bytes) -> None:
         """Write the whole line or nothing: a write the disk cuts short (full, over a size limit) returns how
         much it took without raising; the rest is retried, and if that fails the file is cut back to where
-        the line began, so no fragment is left for the next line to be glued to (or to refer to)."""
+        the line began (its size less what this line put there: only a failed line pays for the `fstat`), so
+        no fragment is left for the next line to be glued to (or to refer to)."""
         with self._lock:
             fd = fh.fileno()
-            start = os.fstat(fd).st_size
+            taken = 0
             try:
                 view = memoryview(line)
                 while view:
-                    written = fh.write(view)
+                    written = fh.write(view)  # unbuffered: one write(2), which takes bytes or raises
                     if not written:
                         raise OSError(errno.ENOSPC, "the log's file took no more bytes")
+                    taken += written
                     view = view[written:]
                 if self.fsync:
                     os.fsync(fd)
             except BaseException:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    os.ftruncate(fd, start)
+                end = os.fstat(fd)
+                if stat.S_ISREG(end.st_mode):
+                    os.ftruncate(fd, end.st_size - taken)
                 raise
 
     def close(self) -> None:
