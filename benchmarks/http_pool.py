@@ -6,7 +6,8 @@
 uvicorn app in its own process answering `GET /health` (microseconds), so what is measured is the client:
 per round, `--concurrency` requests at once over the connections the previous round left open, and this
 process's CPU time for the round. httpcore's `AsyncConnectionPool` (what httpx uses) with no connection cap
-against `clawgym_env.engines.http_connections.Connections`, alternated round by round, side by side.
+against `clawgym_env.engines.http_connections.Connections` (aiohttp's connections, no cap), alternated round by round,
+side by side.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ same concurrency (median and p99). At N = 1000 both are mostly queueing (Little'
 `--chunk-tokens K` makes the double stream K ids per chunk (`--token-delay-ms` apart), as a decoder does;
 `--remote` puts it behind the vLLM token API (`token_server`) in a process of its own, reached by a
 `RemoteEngine`: the path users train with, the GPU taken out. Per proxy CPU-second the rows give calls and
-generated tokens. In the streaming modes the direct baseline is `generate()` (no streaming, no pacing), so
-the added latency there includes the stream's own time; compare them by CPU.
+generated tokens. The direct baseline reads each call as the proxy does (`stream_tokens`: the engine's own
+stream, with its pacing, where it has one), so the added latency is the proxy's alone in every mode.
 """
 
 from __future__ import annotations
@@ -168,7 +168,15 @@ class LoopLag:
 
 
 async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, sampling: Any) -> dict[str, Any]:
-    """The same prompt ids straight into the engine, `n` at a time: what the proxy's callers would wait without it."""
+    """The same prompt ids straight into the engine, `n` at a time: what the proxy's callers would wait without it.
+
+    Each call goes through `stream_tokens` and is read to its end, as the proxy reads a streamed call: the
+    engine's own `stream()` where it has one (the streaming modes, `--remote`), else `generate()`. (Baseline
+    and proxy on different engine calls made the added latency negative in `--remote` mode: RemoteEngine's
+    `generate()`, retried through tenacity and answered with the prompt's ids, costs more than its stream.)
+    """
+    from clawgym_env.engines.streaming import stream_tokens
+
     queue = list(prompts)
     latencies: list[float] = []
 
@@ -176,7 +184,8 @@ async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, samplin
         while queue:
             prompt = queue.pop()
             start = time.perf_counter()
-            await engine.generate(prompt, sampling)
+            async for _ in stream_tokens(engine, prompt, sampling):
+                pass
             latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()

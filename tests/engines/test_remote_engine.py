@@ -1,7 +1,10 @@
 """RemoteEngine over real HTTP against the token server (a stand-in for vLLM's and SGLang's APIs)."""
 
 import asyncio
+import gc
+import logging
 import socket
+import warnings
 
 import pytest
 import uvicorn
@@ -126,7 +129,7 @@ async def test_vllm_stream_interval_sends_fewer_chunks_of_the_same_generation(to
     await remote.aclose()
 
 
-def test_one_engine_serves_one_event_loop_after_another(tiny_model, qwen_tok, chat_prompt):
+def test_one_engine_serves_one_event_loop_after_another(tiny_model, qwen_tok, chat_prompt, caplog):
     """An evaluation runs each harness in its own Runtime (its own event loop) on one engine: httpx's pooled
     connections belong to the loop that opened them, so each loop gets its own client (before, the second
     loop failed with "Event loop is closed")."""
@@ -151,8 +154,14 @@ def test_one_engine_serves_one_event_loop_after_another(tiny_model, qwen_tok, ch
             time.sleep(0.02)
         remote = RemoteEngine(f"http://127.0.0.1:{port}", api="vllm")
         sampling = SamplingParams(max_tokens=4, seed=0)
-        runs = [asyncio.run(remote.generate(chat_prompt, sampling)).token_ids for _ in range(3)]
+        with warnings.catch_warnings(record=True) as warned, caplog.at_level(logging.ERROR, logger="asyncio"):
+            warnings.simplefilter("always")
+            runs = [asyncio.run(remote.generate(chat_prompt, sampling)).token_ids for _ in range(3)]
+            gc.collect()  # the ended loops' connections go (nobody called aclose()): quietly, sockets closed
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) > 0
+        assert len(remote._pools) == 1  # the ended loops' connections were let go, not kept with their loops
+        unclosed = [str(w.message) for w in warned if "Unclosed" in str(w.message)]
+        assert not unclosed and "Unclosed" not in caplog.text, (unclosed, caplog.text)
     finally:
         server.should_exit = True
         thread.join(10)
@@ -199,7 +208,7 @@ async def test_a_server_that_is_gone_raises_unreachable_an_oserror_after_the_ret
     from clawgym_env.engines.remote_engine import RemoteEngineUnreachable
 
     remote = RemoteEngine(f"http://127.0.0.1:{free_port()}", model="m", retries=2)
-    with pytest.raises(RemoteEngineUnreachable, match="ConnectError") as failed:
+    with pytest.raises(RemoteEngineUnreachable, match="ClientConnectorError") as failed:
         await remote.generate([1, 2, 3], SamplingParams(max_tokens=2))
     assert isinstance(failed.value, OSError) and isinstance(failed.value, RemoteEngineError)
     with pytest.raises(RemoteEngineUnreachable):
