@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.remote_stream                 # intervals 1, 4, 8; 200-token answers
     .venv/bin/python -m benchmarks.remote_stream --tokens 50 --calls 200
+    .venv/bin/python -m benchmarks.remote_stream --prompt-tokens 16000 --intervals 4   # a long context
 
 The server is `token_server` (the stand-in for vLLM's token API) in its own process, serving a
 `ScriptedTestEngine` (a named test double) that streams one token per chunk with no delay, so the server
@@ -35,26 +36,27 @@ def serve(port: int, tokens: int) -> None:
     uvicorn.run(make_token_server(engine, "policy", tokenizer), host="127.0.0.1", port=port, log_level="error")
 
 
-async def cpu_per_call(engine: RemoteEngine, calls: int, tokens: int) -> tuple[float, int]:
+async def cpu_per_call(engine: RemoteEngine, calls: int, tokens: int, prompt_tokens: int) -> tuple[float, int]:
     """(CPU seconds per call, tokens per call) of `calls` streamed calls."""
     sampling = SamplingParams(max_tokens=tokens + 1)
+    prompt = list(range(1, prompt_tokens + 1))
     got = 0
     start = time.process_time()
     for _ in range(calls):
-        async for chunk in engine.stream([1, 2, 3], sampling):
+        async for chunk in engine.stream(prompt, sampling):
             got += len(chunk.token_ids)
     return (time.process_time() - start) / calls, got // calls
 
 
-async def measure(url: str, intervals: list[int], calls: int, tokens: int, rounds: int) -> None:
+async def measure(url: str, intervals: list[int], calls: int, tokens: int, rounds: int, prompt_tokens: int) -> None:
     engines = {k: RemoteEngine(url, model="policy", stream_interval=k) for k in intervals}
     for engine in engines.values():  # warm-up: imports, connections
-        await cpu_per_call(engine, 3, tokens)
+        await cpu_per_call(engine, 3, tokens, prompt_tokens)
     per_call: dict[int, list[float]] = {k: [] for k in intervals}
     per_answer = 0
     for _ in range(rounds):
         for k, engine in engines.items():
-            seconds, per_answer = await cpu_per_call(engine, calls, tokens)
+            seconds, per_answer = await cpu_per_call(engine, calls, tokens, prompt_tokens)
             per_call[k].append(seconds)
     base = statistics.median(per_call[intervals[0]])
     for k in intervals:
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intervals", default="1,4,8", help="stream_interval values, comma-separated")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     parser.add_argument("--calls", type=int, default=50, help="calls per interval per round")
+    parser.add_argument("--prompt-tokens", type=int, default=3, help="prompt length (a rollout's context grows)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the server process's port
     args = parser.parse_args(argv)
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     intervals = [int(k) for k in args.intervals.split(",")]
     servers.measure_against(
-        lambda url: measure(url, intervals, args.calls, args.tokens, args.rounds),
+        lambda url: measure(url, intervals, args.calls, args.tokens, args.rounds, args.prompt_tokens),
         *("benchmarks.remote_stream", "--serve", "{port}", "--tokens", str(args.tokens)),
     )
 

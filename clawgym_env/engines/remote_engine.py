@@ -2,8 +2,9 @@
 
 Token ids go in and token ids + logprobs come back; no text is ever re-tokenized.
 - vLLM (`api="vllm"`): the OpenAI-compatible server's `POST /v1/completions` with a token-id list as
-  `prompt`, `logprobs=1` (the sampled token's logprob), `return_token_ids=true` (vLLM >= 0.10.2;
-  older servers: `return_tokens_as_token_ids=true` and the ids are read from the logprob tokens).
+  `prompt`, `logprobs=1` (the sampled token's logprob) and `return_tokens_as_token_ids=true`: the ids are
+  read from the logprob tokens (`token_id:<n>`). Not `return_token_ids` (vLLM >= 0.10.2): it also echoes
+  the whole prompt's ids with every call; ids a server sends anyway (`token_ids`) are used.
   Start vLLM with `--logprobs-mode processed_logprobs` so recorded logprobs are those of the
   distribution actually sampled from (temperature, top-k/top-p applied), as the in-process engine does.
 - SGLang (`api="sglang"`): `POST /generate` with `input_ids` and `return_logprob=true`.
@@ -226,7 +227,9 @@ class RemoteEngine:
             "top_p": s.top_p,
             "top_k": s.top_k if s.top_k else -1,
             "logprobs": 1,
-            "return_token_ids": True,
+            # The ids come back as the logprob tokens' names ("token_id:<n>"), not as `return_token_ids`: that
+            # also sends the whole prompt's ids back with every call (vLLM puts them in the first chunk), which
+            # costs both processes more than the prompt's request as a rollout's context grows.
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
             "include_stop_str_in_output": True,

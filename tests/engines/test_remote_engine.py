@@ -56,6 +56,41 @@ async def test_round_trip_equals_the_engine_behind_it(token_server, api, chat_pr
     await remote.aclose()
 
 
+async def test_an_answer_does_not_carry_the_prompt_back(tiny_model, qwen_tok):
+    """A rollout's context grows to tens of thousands of tokens, and the proxy makes every call through this
+    client: an answer that echoed the prompt's ids (vLLM's `return_token_ids` does, in the first chunk) would
+    make the proxy and the server parse and copy all of them again on every call. The ids still come back,
+    read from the logprob tokens (`test_round_trip_equals_the_engine_behind_it`)."""
+    engine = TransformersEngine(tiny_model, qwen_tok)
+    app = make_token_server(engine, "tiny-qwen3", qwen_tok)
+    answered: list[int] = []  # bytes of each /v1/completions answer
+
+    async def counting(scope, receive, send):
+        async def counted(message):
+            if message["type"] == "http.response.body":
+                answered[-1] += len(message.get("body", b""))
+            await send(message)
+
+        if scope["type"] == "http" and scope["path"] == "/v1/completions":
+            answered.append(0)
+            return await app(scope, receive, counted)
+        return await app(scope, receive, send)
+
+    port = free_port()
+    server, task = await serve(counting, port)
+    remote = RemoteEngine(f"http://127.0.0.1:{port}", model="tiny-qwen3")
+    s = SamplingParams(max_tokens=6, seed=0, ignore_eos=True)
+    for prompt in ([5, 6, 7], list(range(100, 4100))):  # 4,000 ids: ~20 kB of JSON if echoed
+        assert len((await remote.generate(prompt, s)).token_ids) == 6
+        assert sum([len(c.token_ids) async for c in remote.stream(prompt, s)]) == 6
+    short_generate, short_stream, long_generate, long_stream = answered
+    assert long_generate < short_generate + 1_000 and long_stream < short_stream + 1_000, answered
+    await remote.aclose()
+    server.should_exit = True
+    await task
+    engine.close()
+
+
 async def test_stop_ids_and_concurrency_over_http(token_server, chat_prompt):
     url, local = token_server
     remote = RemoteEngine(url)
