@@ -50,7 +50,6 @@ class Connections:
         read_timeout_s: float = 600.0,
         ssl_context: ssl.SSLContext | None = None,  # for https: the system's trusted CAs unless given
     ) -> None:
-        self.base_url = base_url.rstrip("/")
         connector = aiohttp.TCPConnector(
             limit=0, limit_per_host=0, keepalive_timeout=keepalive_expiry_s, ssl=ssl_context or True
         )
@@ -59,6 +58,7 @@ class Connections:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a token server sets none: no per-request cookie work
         )
         self._urls: dict[str, URL] = {}
 
