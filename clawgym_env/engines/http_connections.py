@@ -5,7 +5,7 @@ thousand concurrent requests to one vLLM server, all made from the proxy's proce
 per call is what the proxy costs per call on the path users train with. aiohttp parses responses in C
 (llhttp) and hands out idle connections from a per-host list (O(1) per request, no cap here: one
 connection per call in flight). Measured side by side against the httpcore connections (h11 parsing in
-Python, our own free list) this replaced: `python -m benchmarks.remote_stream` and docs/engines.md.
+Python, our own free list) this replaced: docs/proxy.md, "The engine client on aiohttp".
 
 Why not httpx: its pool (httpcore's) scans every connection and polls every idle socket for each request it
 places, and caps a client at 100 connections (`python -m benchmarks.http_pool`).
