@@ -193,6 +193,9 @@ POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version")
 POOL_OPTIONS += ("weight_transfer", "broadcast_backend", "broadcast_host", "broadcast_timeout_s")
 
 
+_TAIL_IDS = 8  # the ids of a recorded sequence that `_sticky` checks first
+
+
 @dataclass
 class ServerSlot:
     url: str
@@ -363,11 +366,24 @@ class VLLMServerPool:
 
     # ------------------------------------------------------------------------------------------ routing
     def _sticky(self, prompt_ids: list[int]) -> ServerSlot | None:
+        """The server that served the longest recorded sequence (prompt + completion) this prompt extends.
+
+        Every call asks this of every recorded sequence (256 per server), so each is first checked at its last
+        ids, its own completion, which no other rollout's prompt holds at that place; only one that passes is
+        compared whole. (Comparing each whole, as before, cost ~11 ms of the proxy process's CPU per call with
+        8k-token rollouts on two servers: `python -m benchmarks.pool_routing`.)
+        """
         best, best_len = None, 0
+        n = len(prompt_ids)
         for slot in self.slots:
             for seq in slot.recent:
-                if best_len < len(seq) <= len(prompt_ids) and tuple(prompt_ids[: len(seq)]) == seq:
-                    best, best_len = slot, len(seq)
+                k = len(seq)
+                if (
+                    best_len < k <= n
+                    and tuple(prompt_ids[max(0, k - _TAIL_IDS) : k]) == seq[-_TAIL_IDS:]
+                    and tuple(prompt_ids[:k]) == seq
+                ):
+                    best, best_len = slot, k
         return best
 
     async def _route(self, prompt_ids: list[int]) -> ServerSlot:
