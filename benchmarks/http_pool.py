@@ -49,7 +49,7 @@ async def measure(url: str, levels: list[int], rounds: int) -> None:
     for concurrency in levels:
         clients = {
             "httpcore pool": httpcore.AsyncConnectionPool(max_connections=None, max_keepalive_connections=1024),
-            "Connections": Connections(url),
+            "Connections": Connections(),
         }
         cpu: dict[str, list[float]] = {name: [] for name in clients}
         for client in clients.values():  # warm-up: open the connections

@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.proxy_load --levels 1000 --rounds 3 --clients 2
     .venv/bin/python -m benchmarks.proxy_load --levels 64 --chunk-tokens 1 --token-delay-ms 5   # streamed tokens
     .venv/bin/python -m benchmarks.proxy_load --levels 64 --remote --chunk-tokens 1   # ... read from a vLLM-style server
+    .venv/bin/python -m benchmarks.proxy_load --levels 1,64 --pool    # ... through VLLMServerPool (engine=vllm_server)
 
 Three kinds of process, so the numbers say what the proxy costs and not what its client costs:
 
@@ -28,7 +29,9 @@ same concurrency (median and p99). At N = 1000 both are mostly queueing (Little'
 
 `--chunk-tokens K` makes the double stream K ids per chunk (`--token-delay-ms` apart), as a decoder does;
 `--remote` puts it behind the vLLM token API (`token_server`) in a process of its own, reached by a
-`RemoteEngine`: the path users train with, the GPU taken out. Per proxy CPU-second the rows give calls and
+`RemoteEngine`: the path users train with, the GPU taken out; `--pool` reaches it through a one-server
+`VLLMServerPool` instead (`engine=vllm_server`: sticky routing, the policy version checked on the server
+before and after each call). Per proxy CPU-second the rows give calls and
 generated tokens. The direct baseline reads each call as the proxy does (`stream_tokens`: the engine's own
 stream, with its pacing, where it has one), so the added latency is the proxy's alone in every mode.
 """
@@ -311,6 +314,10 @@ async def remote_engine(args: argparse.Namespace) -> tuple[Any, subprocess.Popen
         *("--engine-delay-ms", str(args.engine_delay_ms)),
     )
     await servers.wait_healthy(url)
+    if args.pool:  # what `engine=vllm_server` trains with: the pool's routing and per-call version checks
+        from clawgym_env.engines.vllm_server import VLLMServerPool
+
+        return VLLMServerPool([url], model="policy"), process
     return RemoteEngine(url, model="policy"), process
 
 
@@ -322,7 +329,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     tokenizer = load_qwen_tokenizer()
     engine_process: subprocess.Popen[bytes] | None = None
-    if args.remote:  # the engine double behind the vLLM-style token API, in a process of its own
+    if args.remote or args.pool:  # the engine double behind the vLLM-style token API, in a process of its own
         engine, engine_process = await remote_engine(args)
     else:
         engine = engine_double(tokenizer, args)
@@ -550,10 +557,12 @@ class ProxyProcess:
         loop: str = "uvloop",
         stream: tuple[int, float] = (0, 0.0),
         remote: bool = False,
+        pool: bool = False,
     ) -> None:
         cmd = [sys.executable, "-m", "benchmarks.proxy_load", "serve", "--run-dir", str(run_dir), "--loop", loop]
         cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
         cmd += ["--chunk-tokens", str(stream[0]), "--token-delay-ms", str(stream[1])] + (["--remote"] if remote else [])
+        cmd += ["--pool"] if pool else []
         if os.environ.get("PROXY_LOAD_GC_THRESHOLD"):
             cmd += ["--gc-threshold", os.environ["PROXY_LOAD_GC_THRESHOLD"]]
         if os.environ.get("PROXY_LOAD_PROFILE"):
@@ -691,13 +700,15 @@ def bench(
     loop: str = "uvloop",
     stream: tuple[int, float] = (0, 0.0),
     remote: bool = False,
+    pool: bool = False,
 ) -> dict[str, Any]:
     """`stream`: (ids per chunk, ms per token) of a streaming engine double; (0, 0) replays each answer whole.
-    `remote`: the double runs behind the vLLM-style token API in its own process, reached by a RemoteEngine."""
+    `remote`: the double runs behind the vLLM-style token API in its own process, reached by a RemoteEngine
+    (`pool`: through a one-server VLLMServerPool)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="clawgym-proxy-load-") as tmp:
         work = Path(tmp)
-        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop, stream, remote)
+        proxy = ProxyProcess(work / "run", engine_delay_ms, fsync, loop, stream, remote, pool)
         try:
             run_level(proxy, 8, 16, 2, 1, work)  # warm-up: imports, block cache, first connections
             rss_start = proxy.ask("stats")["rss_mb"]
@@ -723,6 +734,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     s = sub.add_parser("serve", parents=[double])
     s.add_argument("--run-dir", type=Path, required=True)
     s.add_argument("--remote", action="store_true")
+    s.add_argument("--pool", action="store_true")
     s.add_argument("--fsync", action="store_true")
     s.add_argument("--profile", type=Path, help="cProfile each level's serving into this file")
     s.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
@@ -744,6 +756,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="with --chunk-tokens: ms per token")
     parser.add_argument(
         "--remote", action="store_true", help="the engine double behind the vLLM token API, reached by RemoteEngine"
+    )
+    parser.add_argument(
+        "--pool", action="store_true", help="--remote through a one-server VLLMServerPool (engine=vllm_server)"
     )
     parser.add_argument("--fsync", action="store_true", help="the proxy's CallLog fsyncs (group commit)")
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"), help="the proxy process's loop")
@@ -772,7 +787,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         args.fsync,
         args.loop,
         (args.chunk_tokens, args.token_delay_ms),
-        args.remote,
+        args.remote or args.pool,
+        args.pool,
     )
     print(
         f"proxy loop {report['loop']}; proxy RSS {report['rss_start_mb']:.0f} MB after warm-up, "

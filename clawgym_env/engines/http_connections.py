@@ -35,7 +35,7 @@ class Answer:
 
 
 class Connections:
-    """Connections to the origin of `base_url`; `request()` (the whole answer) and `stream()` (read as it comes).
+    """Connections to HTTP servers; `request()` (the whole answer) and `stream()` (read as it comes).
 
     keepalive_expiry_s: an idle connection is closed after this long (below uvicorn's 5 s, vLLM's server: the
     client closes first, so a request is not sent on a connection the server is closing).
@@ -43,7 +43,6 @@ class Connections:
 
     def __init__(
         self,
-        base_url: str,
         *,
         keepalive_expiry_s: float = 4.0,
         connect_timeout_s: float = 10.0,
@@ -71,18 +70,33 @@ class Connections:
 
     @contextlib.asynccontextmanager
     async def stream(
-        self, method: str, url: str, *, headers: Mapping[str, str] | None = None, content: bytes = b""
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        content: bytes = b"",
+        timeout_s: float | None = None,  # the whole request's, on top of the connect and read timeouts
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """The response with its body still to read (`response.content`); its connection is reused only if the
         body was read to its end."""
-        async with self._session.request(method, self._url(url), headers=headers, data=content or None) as response:
+        options = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
+        async with self._session.request(
+            method, self._url(url), headers=headers, data=content or None, **options
+        ) as response:
             yield response
 
     async def request(
-        self, method: str, url: str, *, headers: Mapping[str, str] | None = None, content: bytes = b""
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        content: bytes = b"",
+        timeout_s: float | None = None,
     ) -> Answer:
         """The whole response (its body read, so its connection goes back for the next call)."""
-        async with self.stream(method, url, headers=headers, content=content) as response:
+        async with self.stream(method, url, headers=headers, content=content, timeout_s=timeout_s) as response:
             return Answer(response.status, await response.read())
 
     async def aclose(self) -> None:

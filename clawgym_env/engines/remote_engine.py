@@ -125,7 +125,7 @@ class RemoteEngine:
             # A new loop: let go of the loops that ended (a pool holds its loop, so they would stay forever).
             for ended in [other for other in self._pools if other.is_closed()]:
                 self._pools.pop(ended).abandon()
-            pool = self._pools[loop] = Connections(self.base_url, **self._timeouts)
+            pool = self._pools[loop] = Connections(**self._timeouts)
         return pool
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

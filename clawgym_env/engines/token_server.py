@@ -2,8 +2,10 @@
 
 It implements just the token-level subset RemoteEngine uses: vLLM's `POST /v1/completions` with a
 token-id prompt (`logprobs`, `return_token_ids`, `return_tokens_as_token_ids`), SGLang's
-`POST /generate` with `input_ids`, plus `GET /v1/models` and `GET /health`. Tests use it to exercise
-RemoteEngine over real HTTP; it can also serve a TransformersEngine to other machines:
+`POST /generate` with `input_ids`, plus `GET /v1/models` and `GET /health`; and of vLLM's dev-mode routes
+what `VLLMServerPool` asks of every call (`POST /collective_rpc` with `clawgym_get_policy_version`, one
+result per worker: here one) and `POST /reset_prefix_cache`. Tests and benchmarks use it to exercise
+RemoteEngine and the pool over real HTTP; it can also serve a TransformersEngine to other machines:
 
     python -m clawgym_env.engines.token_server --model tiny-qwen3 --port 8000
 """
@@ -72,6 +74,16 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
 
     @app.get("/health")
     async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("method") != "clawgym_get_policy_version":
+            raise HTTPException(400, f"the stand-in runs only clawgym_get_policy_version, not {body.get('method')!r}")
+        return {"results": [getattr(engine, "policy_version", 0)]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/v1/models")

@@ -36,16 +36,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from clawgym_env.engines.engine_loop import EngineLoop
+from clawgym_env.engines.http_connections import Answer, Connections
 from clawgym_env.engines.remote_engine import RemoteEngine
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
 log = logging.getLogger(__name__)
-CLOSED_UNDER_REQUEST = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)  # the server is alive
+
+
+def closed_under_request(exc: BaseException) -> bool:
+    """The server closed or reset a kept-alive connection as a request went out on it: it is alive (a dead one
+    refuses the new connection: a `ClientConnectorError`, not retried)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+
+
+_JSON = {"content-type": "application/json"}
+
+# what a failed RPC raises: the transport's errors, its timeouts, and a server that answered wrongly
+RPC_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class ServerUnavailable(RuntimeError):
@@ -255,7 +271,8 @@ class VLLMServerPool:
         self._idle.set()
         self._resume = asyncio.Event()
         self._resume.set()
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5))
+        self._timeout_s = timeout_s
+        self._http: Connections | None = None  # opened on the pool's loop (`_connections`)
         # its HTTP clients work on the loop that first uses them only; callers come from many (engine_loop.py)
         self._engine_loop = EngineLoop("clawgym-vllm-pool")
         self._revive_lock = asyncio.Lock()
@@ -284,7 +301,14 @@ class VLLMServerPool:
         return cls([s.url for s in servers], servers=servers, **pool_options)
 
     # ------------------------------------------------------------------------------------ server RPCs
-    async def _post(self, url: str, body: Any = None) -> httpx.Response:
+    def _connections(self) -> Connections:
+        """The RPCs' connections (aiohttp's: no cap, O(1) per request; each call checks its server's version
+        before and after, so at 1,000 calls in flight these are 2,000 requests), on the pool's own loop."""
+        if self._http is None:
+            self._http = Connections(connect_timeout_s=5.0, read_timeout_s=self._timeout_s)
+        return self._http
+
+    async def _post(self, url: str, body: Any = None) -> Answer:
         """POST to a server, again if the kept-alive connection it went out on was closed under it.
 
         A server may close a connection right after an error answer; a request already sent on it then fails
@@ -296,18 +320,20 @@ class VLLMServerPool:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(3),
             wait=wait_exponential(multiplier=0.05, max=0.5),
-            retry=retry_if_exception_type(CLOSED_UNDER_REQUEST),
+            retry=retry_if_exception(closed_under_request),
             reraise=True,
         )
-        return await retrying(self._http.post, url, json=body)
+        content = orjson.dumps(body) if body is not None else b""
+        return await retrying(self._connections().request, "POST", url, headers=_JSON, content=content)
 
     async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
         response = await self._post(f"{url}/collective_rpc", {"method": method, "args": list(args)})
-        if response.status_code != 200:
+        if response.status != 200:
             raise ServerUnavailable(
-                f"{url}/collective_rpc {method} answered {response.status_code}: {response.text[:300]}"
+                f"{url}/collective_rpc {method} answered {response.status}: "
+                f"{response.content[:300].decode(errors='replace')}"
             )
-        return response.json()["results"]
+        return orjson.loads(response.content)["results"]
 
     async def server_version(self, url: str) -> int:
         """The policy version loaded in every worker of the server (the lowest, if they differ)."""
@@ -319,8 +345,8 @@ class VLLMServerPool:
     async def _load(self, slot: ServerSlot, checkpoint: Path, version: int) -> None:
         await self._rpc(slot.url, "clawgym_load_weights_from_file", str(checkpoint), str(version))
         response = await self._post(f"{slot.url}/reset_prefix_cache")
-        if response.status_code != 200:
-            raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
+        if response.status != 200:
+            raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status}")
         slot.recent.clear()
 
     def _lose(self, slot: ServerSlot) -> None:
@@ -355,13 +381,13 @@ class VLLMServerPool:
             if slot.alive:
                 continue
             try:
-                if (await self._http.get(f"{slot.url}/health", timeout=2)).status_code != 200:
+                if (await self._connections().request("GET", f"{slot.url}/health", timeout_s=2)).status != 200:
                     continue
                 if await self._ensure_version(slot) >= self.policy_version:
                     slot.alive = True
                     slot.recent.clear()
                     self.stats.servers_revived += 1
-            except (httpx.HTTPError, ServerUnavailable):
+            except (*RPC_ERRORS, ServerUnavailable):
                 continue
 
     # ------------------------------------------------------------------------------------------ routing
@@ -422,7 +448,7 @@ class VLLMServerPool:
                     f"{slot.url} serves policy version {before}, older than the requested {required}"
                 )
             yield slot, before
-        except (httpx.HTTPError, ServerUnavailable, OSError) as exc:
+        except (*RPC_ERRORS, ServerUnavailable, OSError) as exc:
             self.stats.failed_calls += 1
             if not isinstance(exc, ServerUnavailable) or "during the call" in str(exc):
                 self._lose(slot)
@@ -584,7 +610,7 @@ class VLLMServerPool:
         if self._group is None:
             return
         for url in self._group_urls:
-            with contextlib.suppress(httpx.HTTPError, ServerUnavailable):
+            with contextlib.suppress(*RPC_ERRORS, ServerUnavailable):
                 await self._rpc(url, "clawgym_leave_weight_group")
         self._group.close()
         self._group, self._group_urls = None, []
@@ -601,8 +627,8 @@ class VLLMServerPool:
             await asyncio.gather(*receives)
         for slot in live:
             response = await self._post(f"{slot.url}/reset_prefix_cache")
-            if response.status_code != 200:
-                raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status_code}")
+            if response.status != 200:
+                raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status}")
             slot.recent.clear()
 
     async def aclose(self) -> None:
@@ -624,6 +650,7 @@ class VLLMServerPool:
     async def _close_clients(self) -> None:
         for slot in self.slots:
             await slot.client.aclose()
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.aclose()
         if self._temp_dir is not None:
             self._temp_dir.cleanup()

@@ -57,7 +57,7 @@ async def server(request):
 
 async def test_calls_one_after_another_share_one_connection(server):
     url, peers = server
-    connections = Connections(url)
+    connections = Connections()
     for _ in range(3):
         assert (await connections.request("GET", url + "/peer")).status == 200
     assert len(set(peers)) == 1, peers
@@ -66,7 +66,7 @@ async def test_calls_one_after_another_share_one_connection(server):
 
 async def test_a_response_not_read_to_the_end_is_not_reused(server):
     url, peers = server
-    connections = Connections(url)
+    connections = Connections()
     async with connections.stream("GET", url + "/long") as response:
         async for _ in response.content.iter_any():
             break  # leave the rest unread
@@ -77,7 +77,7 @@ async def test_a_response_not_read_to_the_end_is_not_reused(server):
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused(server):
     url, peers = server
-    connections = Connections(url, keepalive_expiry_s=60)  # our expiry would not catch it: the server's does
+    connections = Connections(keepalive_expiry_s=60)  # our expiry would not catch it: the server's does
     assert (await connections.request("GET", url + "/peer")).status == 200
     await asyncio.sleep(2)  # past the server's 1 s keep-alive: it closed the connection
     assert (await connections.request("GET", url + "/peer")).status == 200
@@ -90,7 +90,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(server):
 @pytest.mark.parametrize("server", [30], indirect=True)
 async def test_concurrent_calls_each_get_a_connection_and_come_back(server):
     url, peers = server
-    connections = Connections(url)
+    connections = Connections()
     answers = await asyncio.gather(*(connections.request("GET", url + "/peer") for _ in range(150)))
     assert all(a.status == 200 for a in answers)
     assert len(set(peers)) == 150  # all at once, none waiting for another's connection (no cap)
@@ -112,7 +112,7 @@ async def test_a_server_that_never_answers_is_a_read_timeout_and_its_connection_
 
     listener = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    connections = Connections(f"http://127.0.0.1:{port}", read_timeout_s=0.2)
+    connections = Connections(read_timeout_s=0.2)
     with pytest.raises(aiohttp.SocketTimeoutError):
         await connections.request("GET", f"http://127.0.0.1:{port}/")
     with pytest.raises(aiohttp.SocketTimeoutError):
@@ -123,7 +123,7 @@ async def test_a_server_that_never_answers_is_a_read_timeout_and_its_connection_
     await listener.wait_closed()
     for writer in accepted:
         writer.close()
-    refused = Connections(f"http://127.0.0.1:{port}")
+    refused = Connections()
     with pytest.raises(aiohttp.ClientConnectorError):  # nothing listens there any more
         await refused.request("GET", f"http://127.0.0.1:{port}/")
     await refused.aclose()
@@ -155,11 +155,11 @@ async def test_https_goes_through_the_same_backend(tmp_path: Path):
     while not server.started:
         await asyncio.sleep(0.02)
     url = f"https://127.0.0.1:{port}"
-    untrusting = Connections(url)
+    untrusting = Connections()
     with pytest.raises(aiohttp.ClientConnectorCertificateError, match="CERTIFICATE_VERIFY_FAILED"):
         await untrusting.request("GET", url + "/peer")  # the system's CAs do not know this certificate
     await untrusting.aclose()
-    connections = Connections(url, ssl_context=ssl.create_default_context(cafile=str(cert)))
+    connections = Connections(ssl_context=ssl.create_default_context(cafile=str(cert)))
     for _ in range(2):
         answer = await connections.request("GET", url + "/peer")
         assert answer.status == 200 and b'"port"' in answer.content

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
+import aiohttp
 import pytest
 
 from clawgym_env.engines.vllm_server import VLLMServerPool
@@ -61,7 +61,7 @@ async def test_an_rpc_is_sent_again_when_the_connection_closes_under_it(tmp_path
         try:
             assert await pool._rpc(url, "clawgym_get_policy_version") == [7]
         finally:
-            await pool._http.aclose()  # used from this test's loop, not the pool's own (so not `aclose()`)
+            await pool._connections().aclose()  # used from this test's loop, not the pool's own (not `aclose()`)
             pool._engine_loop.close()
 
 
@@ -69,8 +69,8 @@ async def test_a_server_that_keeps_hanging_up_still_fails_the_rpc(tmp_path):
     async with ClosingServer(drop=10) as url:
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
         try:
-            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+            with pytest.raises((aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
                 await pool._rpc(url, "clawgym_get_policy_version")
         finally:
-            await pool._http.aclose()  # used from this test's loop, not the pool's own (so not `aclose()`)
+            await pool._connections().aclose()  # used from this test's loop, not the pool's own (not `aclose()`)
             pool._engine_loop.close()
