@@ -76,7 +76,7 @@ class Connections:
         *,
         headers: Mapping[str, str] | None = None,
         content: bytes = b"",
-        timeout_s: float | None = None,  # the whole request's, on top of the connect and read timeouts
+        timeout_s: float | None = None,  # the whole request's limit, in place of the connect and read timeouts
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """The response with its body still to read (`response.content`); its connection is reused only if the
         body was read to its end."""
