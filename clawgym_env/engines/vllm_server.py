@@ -11,7 +11,8 @@ in-process engine uses (prefix caching, processed logprobs, ClawGym's worker ext
   then to reset its prefix cache. A server that fails is marked dead.
 - Versions: each call checks, on the server itself, that the loaded policy version is at least the one the
   trainer asked for, before and after generating (a server restarted in between comes back at version 0
-  and the call is refused). A server behind is brought up to date from the newest checkpoint first.
+  and the call is refused). A server behind is brought up to date from the newest checkpoint first. The
+  calls that check one server at once share one RPC sent after they asked (`SharedReading`).
 - Routing: a call whose prompt extends an earlier call's prompt + completion (the next turn of a rollout)
   goes to the server that served it, whose prefix cache holds that context; other calls go to the live
   server with the fewest calls in flight.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import subprocess
@@ -44,6 +46,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.http_connections import Answer, Connections
 from clawgym_env.engines.remote_engine import RemoteEngine
+from clawgym_env.engines.shared_reading import SharedReading
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
@@ -216,6 +219,7 @@ _TAIL_IDS = 8  # the ids of a recorded sequence that `_sticky` checks first
 class ServerSlot:
     url: str
     client: RemoteEngine
+    version: SharedReading[int]  # its policy version: one RPC shared by the calls that check it at once
     alive: bool = True
     in_flight: int = 0
     served: int = 0
@@ -255,7 +259,12 @@ class VLLMServerPool:
         if not urls:
             raise ValueError("VLLMServerPool needs at least one server URL")
         self.slots = [
-            ServerSlot(url, RemoteEngine(url, api="vllm", model=model, timeout_s=timeout_s, retries=1)) for url in urls
+            ServerSlot(
+                url,
+                RemoteEngine(url, api="vllm", model=model, timeout_s=timeout_s, retries=1),
+                SharedReading(functools.partial(self._server_version, url)),
+            )
+            for url in urls
         ]
         # without a shared folder the checkpoints go to a temporary one, removed on close or at exit (each
         # holds a full model: gigabytes per run otherwise left behind in /tmp)
@@ -302,8 +311,8 @@ class VLLMServerPool:
 
     # ------------------------------------------------------------------------------------ server RPCs
     def _connections(self) -> Connections:
-        """The RPCs' connections (aiohttp's: no cap, O(1) per request; each call checks its server's version
-        before and after, so at 1,000 calls in flight these are 2,000 requests), on the pool's own loop."""
+        """The RPCs' connections (aiohttp's: no cap, O(1) per request; weight loads and broadcasts to every
+        server go out at once, and the version checks of one server's calls, shared), on the pool's own loop."""
         if self._http is None:
             self._http = Connections(connect_timeout_s=5.0, read_timeout_s=self._timeout_s)
         return self._http
@@ -356,7 +365,7 @@ class VLLMServerPool:
 
     async def _ensure_version(self, slot: ServerSlot) -> int:
         """The server's version, after loading the newest checkpoint if it is behind the requested one."""
-        version = await self._server_version(slot.url)
+        version = await slot.version.fresh()
         if version < self.policy_version:
             if self._checkpoint_written is not None:  # a broadcast update's file, written after it
                 await self._checkpoint_written
@@ -365,7 +374,7 @@ class VLLMServerPool:
                     f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
                 )
             await self._load(slot, self.latest_checkpoint, self.policy_version)
-            version = await self._server_version(slot.url)
+            version = await slot.version.fresh()
         return version
 
     async def revive(self) -> None:
@@ -464,7 +473,7 @@ class VLLMServerPool:
 
     async def _check_unchanged(self, slot: ServerSlot, before: int) -> None:
         """A server restarted (or reloaded) while generating did not give one policy's output."""
-        after = await self._server_version(slot.url)
+        after = await slot.version.fresh()
         if after != before:
             raise ServerUnavailable(f"{slot.url} changed policy version {before} -> {after} during the call")
 

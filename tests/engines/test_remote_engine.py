@@ -149,15 +149,20 @@ async def test_vllm_stream_yields_what_generate_returns(token_server, chat_promp
 
 @pytest.mark.parametrize("interval", [1, 4])
 async def test_vllm_stream_interval_sends_fewer_chunks_of_the_same_generation(token_server, chat_prompt, interval):
-    """`stream_interval`: the first token at once, then a chunk per `interval` tokens, then the end; the
-    ids and logprobs are the generation's, none lost or repeated."""
+    """`stream_interval`: the first tokens at once, then a chunk per `interval` tokens or more, then the end;
+    the ids and logprobs are the generation's, none lost or repeated.
+
+    A chunk may hold more than `interval` tokens: the engine hands over every token decoded since the stream
+    last read (as vLLM's output collector merges a slow reader's outputs), so under load two decode steps can
+    arrive as one chunk. On an idle machine the sizes are [1, interval, interval, ..., rest]."""
     url, local = token_server
     remote = RemoteEngine(url, stream_interval=interval)
     s = SamplingParams(max_tokens=15, seed=2, temperature=0.9)
     chunks = [chunk async for chunk in remote.stream(chat_prompt, s)]
     want = await local.generate(chat_prompt, s)
     sizes = [len(c.token_ids) for c in chunks if c.token_ids]  # the engine may end on an empty chunk
-    assert sizes == [1] + [interval] * (14 // interval) + ([14 % interval] if 14 % interval else [])
+    assert all(size >= interval for size in sizes[1:-1]), sizes  # never cut below the interval
+    assert len(sizes) <= 2 + 14 // interval, sizes  # the first, the full intervals, the rest: fewer if merged
     assert [t for c in chunks for t in c.token_ids] == want.token_ids
     assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(want.logprobs, abs=1e-4)
     assert chunks[-1].finish_reason == "length"

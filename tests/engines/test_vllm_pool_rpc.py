@@ -9,12 +9,16 @@ first request and closes the connection without answering, then answers the next
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import aiohttp
 import pytest
+import uvicorn
 
-from clawgym_env.engines.vllm_server import VLLMServerPool
+from clawgym_env.engines.token_server import make_token_server
+from clawgym_env.engines.vllm_server import ServerUnavailable, VLLMServerPool
+from clawgym_env.interfaces import Generation, SamplingParams
 
 
 class ClosingServer:
@@ -74,3 +78,72 @@ async def test_a_server_that_keeps_hanging_up_still_fails_the_rpc(tmp_path):
         finally:
             await pool._connections().aclose()  # used from this test's loop, not the pool's own (not `aclose()`)
             pool._engine_loop.close()
+
+
+class SlowEngine:
+    """Test double of an engine behind the token server stand-in: two fixed tokens after `delay_s`, at a
+    policy version the test sets (what the stand-in's version RPC answers)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.policy_version = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        await asyncio.sleep(self.delay_s)
+        return Generation(token_ids=[5, 6], logprobs=[-0.5, -0.25], finish_reason="length")
+
+
+@contextlib.asynccontextmanager
+async def stand_in(engine: SlowEngine):
+    """The token server stand-in on a free loopback port, counting the pool's version RPCs."""
+    app = make_token_server(engine)  # type: ignore[arg-type]
+    counts = {"version_rpcs": 0}
+
+    @app.middleware("http")
+    async def count(request, call_next):
+        counts["version_rpcs"] += request.url.path == "/collective_rpc"
+        return await call_next(request)
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", counts
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_calls_checking_one_server_at_once_share_its_version_rpcs(tmp_path):
+    """Every call checks its server's version before and after generating; 64 calls at once used to send 128
+    RPCs (each a pass through vLLM's engine loop). Now the calls that check at once share one sent after they
+    asked: a handful in all, and every call still gets its version."""
+    engine = SlowEngine(delay_s=0.2)
+    async with stand_in(engine) as (url, counts):
+        pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
+        try:
+            gens = await asyncio.gather(*(pool.generate([1, 2, i], SamplingParams(max_tokens=2)) for i in range(64)))
+            assert [g.token_ids for g in gens] == [[5, 6]] * 64 and {g.policy_version for g in gens} == {0}
+            assert counts["version_rpcs"] <= 16, counts  # 128 when each call sent its own two
+            assert pool.stats.failed_calls == 0
+        finally:
+            await pool.aclose()
+
+
+async def test_a_version_change_during_calls_still_fails_every_one_of_them(tmp_path):
+    """The check after a call must read the version after the call generated, shared or not: a server whose
+    version changes while 16 calls generate (a restart, a reload) fails all 16, and the server is lost."""
+    engine = SlowEngine(delay_s=0.3)
+    async with stand_in(engine) as (url, _):
+        pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
+        try:
+            calls = [asyncio.create_task(pool.generate([1, i], SamplingParams(max_tokens=2))) for i in range(16)]
+            await asyncio.sleep(0.15)  # they are generating
+            engine.policy_version = 1
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(r, ServerUnavailable) and "0 -> 1" in str(r) for r in results), results
+            assert pool.stats.failed_calls == 16 and not pool.slots[0].alive
+        finally:
+            await pool.aclose()
