@@ -291,15 +291,19 @@ def engine_double(tokenizer: Any, args: argparse.Namespace) -> FastTestEngine:
 
 
 def engine_server(args: argparse.Namespace) -> None:
-    """`--remote`'s engine process: the engine double behind `token_server` (the vLLM token API stand-in)."""
+    """`--remote`'s engine process: the engine double behind `token_server` (the vLLM token API stand-in),
+    its answers naming a server life as `VLLMServer`'s vLLM does (PROXY_LOAD_NO_BOOT_HEADER=1: as a server
+    started without `BootIdMiddleware`, whose version the pool reads before and after every call)."""
     import uvicorn
 
+    from clawgym_env.engines.server_boot import BootIdMiddleware
     from clawgym_env.engines.token_server import make_token_server
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 
     tokenizer = load_qwen_tokenizer()
     app = make_token_server(engine_double(tokenizer, args), "policy", tokenizer)  # type: ignore[arg-type]
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="error", loop="uvloop")
+    served = app if os.environ.get("PROXY_LOAD_NO_BOOT_HEADER") else BootIdMiddleware(app)
+    uvicorn.run(served, host="127.0.0.1", port=args.port, log_level="error", loop="uvloop")
 
 
 async def remote_engine(args: argparse.Namespace) -> tuple[Any, subprocess.Popen[bytes]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from yarl import URL
@@ -28,10 +28,11 @@ from yarl import URL
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole response: its status and body."""
+    """A whole response: its status, body and headers."""
 
     status: int
     content: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class Connections:
@@ -97,7 +98,7 @@ class Connections:
     ) -> Answer:
         """The whole response (its body read, so its connection goes back for the next call)."""
         async with self.stream(method, url, headers=headers, content=content, timeout_s=timeout_s) as response:
-            return Answer(response.status, await response.read())
+            return Answer(response.status, await response.read(), response.headers)
 
     async def aclose(self) -> None:
         await self._session.close()

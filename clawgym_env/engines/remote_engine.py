@@ -41,6 +41,7 @@ from clawgym_env.engines.http_connections import Connections
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 RemoteApi = Literal["vllm", "sglang"]
+Answered = Callable[[Mapping[str, str]], None]  # told each answer's headers (VLLMServerPool reads the server's life)
 
 
 class RemoteEngineError(RuntimeError):
@@ -128,8 +129,11 @@ class RemoteEngine:
             pool = self._pools[loop] = Connections(**self._timeouts)
         return pool
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """The answer's JSON; retried while the server cannot be reached or says 502/503/504."""
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, answered: Answered | None = None
+    ) -> Any:
+        """The answer's JSON; retried while the server cannot be reached or says 502/503/504.
+        `answered` gets each answer's headers."""
         url = self.base_url + path
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retries),
@@ -138,13 +142,15 @@ class RemoteEngine:
             reraise=True,
         )
         try:
-            return await retrying(self._answer, method, url, orjson.dumps(body) if body is not None else b"")
+            return await retrying(self._answer, method, url, orjson.dumps(body) if body is not None else b"", answered)
         except _TRANSPORT_ERRORS as exc:
             raise RemoteEngineUnreachable(f"{self.api} server at {url}: {type(exc).__name__}: {exc}") from exc
 
-    async def _answer(self, method: str, url: str, content: bytes) -> Any:
+    async def _answer(self, method: str, url: str, content: bytes, answered: Answered | None) -> Any:
         """One attempt of `_request`."""
         response = await self._pool().request(method, url, headers=self._headers, content=content)
+        if answered is not None:
+            answered(response.headers)
         if response.status >= 400:
             text = response.content[:500].decode(errors="replace")
             if response.status in (502, 503, 504):
@@ -157,22 +163,31 @@ class RemoteEngine:
             self.model = (await self._request("GET", "/v1/models"))["data"][0]["id"]
         return self.model
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, answered: Answered | None = None
+    ) -> Generation:
+        """One generation, whole. `answered` is told the headers of the server's answer."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
         version = self.policy_version
         if self.api == "vllm":
-            ids, logprobs, finish = await self._generate_vllm(prompt_ids, sampling)
+            ids, logprobs, finish = await self._generate_vllm(prompt_ids, sampling, answered)
         else:
-            ids, logprobs, finish = await self._generate_sglang(prompt_ids, sampling)
+            ids, logprobs, finish = await self._generate_sglang(prompt_ids, sampling, answered)
         if len(ids) != len(logprobs):
             raise RemoteEngineError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
     async def stream(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        answered: Answered | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """Yield tokens as the server decodes them (vLLM `stream: true`); the last chunk has the finish reason.
+        `answered` is told the headers of the server's answer before its first tokens.
 
         Not retried: a failure after the first tokens cannot be replayed to the caller.
         """
@@ -180,7 +195,7 @@ class RemoteEngine:
             raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
         version = self.policy_version
         if self.api != "vllm":
-            gen = await self.generate(prompt_ids, sampling)
+            gen = await self.generate(prompt_ids, sampling, answered=answered)
             yield TokenChunk(gen.token_ids, gen.logprobs, gen.finish_reason, version)
             return
         body = {**await self._vllm_body(prompt_ids, sampling), "stream": True}
@@ -193,6 +208,8 @@ class RemoteEngine:
                 if response.status >= 400:
                     text = (await response.read())[:500].decode(errors="replace")
                     raise RemoteEngineError(f"vllm server at {url} answered {response.status}: {text}")
+                if answered is not None:
+                    answered(response.headers)
                 # Read to the body's end (past "[DONE]"): a response left unread closes its kept-alive connection.
                 # So the chunk with the finish reason waits for it ("[DONE]" follows it at once): a caller that
                 # stops at that chunk (the proxy's TokenFeed) must not leave the body unread.
@@ -243,9 +260,9 @@ class RemoteEngine:
         return body
 
     async def _generate_vllm(
-        self, prompt_ids: list[int], s: SamplingParams
+        self, prompt_ids: list[int], s: SamplingParams, answered: Answered | None
     ) -> tuple[list[int], list[float], FinishReason]:
-        data = await self._request("POST", "/v1/completions", await self._vllm_body(prompt_ids, s))
+        data = await self._request("POST", "/v1/completions", await self._vllm_body(prompt_ids, s), answered)
         try:
             ids, logprobs, reason = _vllm_choice(data["choices"][0])
             return ids, logprobs, _finish(reason)
@@ -253,7 +270,7 @@ class RemoteEngine:
             raise RemoteEngineError(f"unexpected /v1/completions answer ({exc!r}): {str(data)[:500]}") from exc
 
     async def _generate_sglang(
-        self, prompt_ids: list[int], s: SamplingParams
+        self, prompt_ids: list[int], s: SamplingParams, answered: Answered | None
     ) -> tuple[list[int], list[float], FinishReason]:
         params: dict[str, Any] = {
             "max_new_tokens": s.max_tokens,
@@ -275,7 +292,7 @@ class RemoteEngine:
             "return_logprob": True,
             "logprob_start_len": -1,
         }
-        data = await self._request("POST", "/generate", body)
+        data = await self._request("POST", "/generate", body, answered)
         try:
             meta = data["meta_info"]
             pairs = meta["output_token_logprobs"]  # [[logprob, token_id, text], ...]

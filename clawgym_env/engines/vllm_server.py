@@ -9,10 +9,13 @@ in-process engine uses (prefix caching, processed logprobs, ClawGym's worker ext
   `checkpoint_dir` (a disk every server can read), and asks every live server to load it through
   `/collective_rpc` (`clawgym_load_weights_from_file`, run by the worker extension inside vLLM's worker),
   then to reset its prefix cache. A server that fails is marked dead.
-- Versions: each call checks, on the server itself, that the loaded policy version is at least the one the
-  trainer asked for, before and after generating (a server restarted in between comes back at version 0
-  and the call is refused). A server behind is brought up to date from the newest checkpoint first. The
-  calls that check one server at once share one RPC sent after they asked (`SharedReading`).
+- Versions: every call runs under a policy version read on the server itself (an RPC to the worker
+  extension) that is at least the one the trainer asked for; a server behind is brought up to date from the
+  newest checkpoint first. A version read stands for the rest of that server life (every answer names its
+  life: `server_boot.BootIdMiddleware`) until the pool loads weights: a call answered by another life (the
+  server restarted, back at version 0) fails. A server that names no life is read before and after each
+  call instead, and a version changed in between fails the call. Calls that read one server's version at
+  once share one RPC sent after they asked (`SharedReading`).
 - Routing: a call whose prompt extends an earlier call's prompt + completion (the next turn of a rollout)
   goes to the server that served it, whose prefix cache holds that context; other calls go to the live
   server with the fewest calls in flight.
@@ -46,6 +49,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.http_connections import Answer, Connections
 from clawgym_env.engines.remote_engine import RemoteEngine
+from clawgym_env.engines.server_boot import BOOT_ENV, BOOT_HEADER, new_boot_id
 from clawgym_env.engines.shared_reading import SharedReading
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
@@ -69,6 +73,10 @@ RPC_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 class ServerUnavailable(RuntimeError):
     """The server a call was routed to is down, or could not be brought to the requested policy version."""
+
+
+class ServerChanged(ServerUnavailable):
+    """The server's policy changed under a call (a restart, a reload): the server is taken out until revived."""
 
 
 def free_port() -> int:
@@ -133,6 +141,8 @@ class VLLMServer:
             "processed_logprobs",
             "--worker-extension-cls",
             "clawgym_env.engines.vllm_engine.ClawGymWorkerExtension",
+            "--middleware",  # every answer names the server life (the pool checks versions without an RPC)
+            "clawgym_env.engines.server_boot.BootIdMiddleware",
         ]
         if max_model_len:
             self.cmd += ["--max-model-len", str(max_model_len)]
@@ -161,7 +171,7 @@ class VLLMServer:
         return []
 
     def start(self) -> VLLMServer:
-        env = dict(self.env)
+        env = {**self.env, BOOT_ENV: new_boot_id()}  # a new life: its answers carry a new id
         from clawgym_env.engines.vllm_engine import on_cpu
 
         if on_cpu():  # several servers share the cores: no pinning of every server's threads to core 0
@@ -215,11 +225,22 @@ POOL_OPTIONS += ("weight_transfer", "broadcast_backend", "broadcast_host", "broa
 _TAIL_IDS = 8  # the ids of a recorded sequence that `_sticky` checks first
 
 
+class _AnsweredBy:
+    """Told a generation's answer headers (`RemoteEngine`'s `answered`): keeps the server life that answered."""
+
+    boot: str | None = None
+
+    def __call__(self, headers: Mapping[str, str]) -> None:
+        self.boot = headers.get(BOOT_HEADER)
+
+
 @dataclass
 class ServerSlot:
     url: str
     client: RemoteEngine
-    version: SharedReading[int]  # its policy version: one RPC shared by the calls that check it at once
+    version: SharedReading[tuple[int, str | None]]  # (its policy version, its life's id): one RPC shared by the
+    # calls that check it at once
+    life: tuple[str, int] | None = None  # (this life's id, the version read in it): no RPC per call while it holds
     alive: bool = True
     in_flight: int = 0
     served: int = 0
@@ -262,7 +283,7 @@ class VLLMServerPool:
             ServerSlot(
                 url,
                 RemoteEngine(url, api="vllm", model=model, timeout_s=timeout_s, retries=1),
-                SharedReading(functools.partial(self._server_version, url)),
+                SharedReading(functools.partial(self._read_version, url)),
             )
             for url in urls
         ]
@@ -336,22 +357,32 @@ class VLLMServerPool:
         return await retrying(self._connections().request, "POST", url, headers=_JSON, content=content)
 
     async def _rpc(self, url: str, method: str, *args: str) -> list[Any]:
+        return orjson.loads((await self._rpc_answer(url, method, *args)).content)["results"]
+
+    async def _rpc_answer(self, url: str, method: str, *args: str) -> Answer:
         response = await self._post(f"{url}/collective_rpc", {"method": method, "args": list(args)})
         if response.status != 200:
             raise ServerUnavailable(
                 f"{url}/collective_rpc {method} answered {response.status}: "
                 f"{response.content[:300].decode(errors='replace')}"
             )
-        return orjson.loads(response.content)["results"]
+        return response
 
     async def server_version(self, url: str) -> int:
         """The policy version loaded in every worker of the server (the lowest, if they differ)."""
         return await self._engine_loop.call(self._server_version(url))
 
     async def _server_version(self, url: str) -> int:
-        return min(int(v) for v in await self._rpc(url, "clawgym_get_policy_version"))
+        return (await self._read_version(url))[0]
+
+    async def _read_version(self, url: str) -> tuple[int, str | None]:
+        """(the server's policy version, the id of the server life that answered, if it sends one)."""
+        answer = await self._rpc_answer(url, "clawgym_get_policy_version")
+        versions = orjson.loads(answer.content)["results"]
+        return min(int(v) for v in versions), answer.headers.get(BOOT_HEADER)
 
     async def _load(self, slot: ServerSlot, checkpoint: Path, version: int) -> None:
+        slot.life = None  # its version is read again before the next call
         await self._rpc(slot.url, "clawgym_load_weights_from_file", str(checkpoint), str(version))
         response = await self._post(f"{slot.url}/reset_prefix_cache")
         if response.status != 200:
@@ -359,13 +390,15 @@ class VLLMServerPool:
         slot.recent.clear()
 
     def _lose(self, slot: ServerSlot) -> None:
+        slot.life = None
         if slot.alive:
             slot.alive = False
             self.stats.servers_lost += 1
 
     async def _ensure_version(self, slot: ServerSlot) -> int:
-        """The server's version, after loading the newest checkpoint if it is behind the requested one."""
-        version = await slot.version.fresh()
+        """The server's version, after loading the newest checkpoint if it is behind the requested one; kept
+        as the version of the server life that answered (`slot.life`), when the server names it."""
+        version, boot = await slot.version.fresh()
         if version < self.policy_version:
             if self._checkpoint_written is not None:  # a broadcast update's file, written after it
                 await self._checkpoint_written
@@ -374,7 +407,8 @@ class VLLMServerPool:
                     f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
                 )
             await self._load(slot, self.latest_checkpoint, self.policy_version)
-            version = await slot.version.fresh()
+            version, boot = await slot.version.fresh()
+        slot.life = (boot, version) if boot is not None else None
         return version
 
     async def revive(self) -> None:
@@ -451,7 +485,10 @@ class VLLMServerPool:
         self._in_flight += 1
         self._idle.clear()
         try:
-            before = await self._ensure_version(slot)
+            life = slot.life
+            # a version read in this server life stands until the pool loads weights (each answer's life id is
+            # checked after the call); otherwise it is read now
+            before = life[1] if life is not None and life[1] >= required else await self._ensure_version(slot)
             if before < required:
                 raise ServerUnavailable(
                     f"{slot.url} serves policy version {before}, older than the requested {required}"
@@ -459,7 +496,7 @@ class VLLMServerPool:
             yield slot, before
         except (*RPC_ERRORS, ServerUnavailable, OSError) as exc:
             self.stats.failed_calls += 1
-            if not isinstance(exc, ServerUnavailable) or "during the call" in str(exc):
+            if not isinstance(exc, ServerUnavailable) or isinstance(exc, ServerChanged):
                 self._lose(slot)
             if isinstance(exc, ServerUnavailable):
                 raise
@@ -471,19 +508,33 @@ class VLLMServerPool:
                 self._idle.set()
         slot.served += 1
 
-    async def _check_unchanged(self, slot: ServerSlot, before: int) -> None:
-        """A server restarted (or reloaded) while generating did not give one policy's output."""
-        after = await slot.version.fresh()
+    async def _check_unchanged(self, slot: ServerSlot, before: int, answered_by: str | None) -> None:
+        """A server restarted (or reloaded) while generating did not give one policy's output.
+
+        answered_by: the life id on the generation's answer. The same life as the version's: the same version
+        (only the pool loads weights, and not during calls). Another: the server restarted. None (a server
+        without `BootIdMiddleware`): the version is read again.
+        """
+        life = slot.life
+        if answered_by is not None and life is not None:
+            if answered_by != life[0]:
+                raise ServerChanged(
+                    f"{slot.url} restarted: the call was answered by another server life than its version's "
+                    "(during the call or before it)"
+                )
+            return
+        after, _ = await slot.version.fresh()
         if after != before:
-            raise ServerUnavailable(f"{slot.url} changed policy version {before} -> {after} during the call")
+            raise ServerChanged(f"{slot.url} changed policy version {before} -> {after} during the call")
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         return await self._engine_loop.call(self._generate(prompt_ids, sampling))
 
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         async with self._one_call(prompt_ids) as (slot, version):
-            gen = await slot.client.generate(prompt_ids, sampling)
-            await self._check_unchanged(slot, version)
+            answer = _AnsweredBy()
+            gen = await slot.client.generate(prompt_ids, sampling, answered=answer)
+            await self._check_unchanged(slot, version, answer.boot)
         slot.recent.append(tuple(prompt_ids) + tuple(gen.token_ids))
         return gen.model_copy(update={"policy_version": version})
 
@@ -498,10 +549,11 @@ class VLLMServerPool:
     async def _stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
         ids: list[int] = []
         async with self._one_call(prompt_ids) as (slot, version):
-            async for chunk in slot.client.stream(prompt_ids, sampling):
+            answer = _AnsweredBy()
+            async for chunk in slot.client.stream(prompt_ids, sampling, answered=answer):
                 ids += chunk.token_ids
                 if chunk.finish_reason is not None:
-                    await self._check_unchanged(slot, version)
+                    await self._check_unchanged(slot, version, answer.boot)
                 yield TokenChunk(chunk.token_ids, chunk.logprobs, chunk.finish_reason, version)
         slot.recent.append(tuple(prompt_ids) + tuple(ids))
 
@@ -540,6 +592,8 @@ class VLLMServerPool:
         self._resume.clear()
         try:
             await self._idle.wait()
+            for slot in self.slots:
+                slot.life = None  # every server's version is read again before its next call
             started = time.perf_counter()
             if self._checkpoint_written is not None:
                 await self._checkpoint_written

@@ -16,8 +16,9 @@ import aiohttp
 import pytest
 import uvicorn
 
+from clawgym_env.engines.server_boot import BootIdMiddleware
 from clawgym_env.engines.token_server import make_token_server
-from clawgym_env.engines.vllm_server import ServerUnavailable, VLLMServerPool
+from clawgym_env.engines.vllm_server import ServerChanged, ServerUnavailable, VLLMServerPool
 from clawgym_env.interfaces import Generation, SamplingParams
 
 
@@ -94,8 +95,9 @@ class SlowEngine:
 
 
 @contextlib.asynccontextmanager
-async def stand_in(engine: SlowEngine):
-    """The token server stand-in on a free loopback port, counting the pool's version RPCs."""
+async def stand_in(engine: SlowEngine, boot: BootIdMiddleware | None = None):
+    """The token server stand-in on a free loopback port, counting the pool's version RPCs; with `boot`, its
+    answers name a server life as `VLLMServer`'s do (the test changes `boot.boot_id` to play a restart)."""
     app = make_token_server(engine)  # type: ignore[arg-type]
     counts = {"version_rpcs": 0}
 
@@ -104,7 +106,10 @@ async def stand_in(engine: SlowEngine):
         counts["version_rpcs"] += request.url.path == "/collective_rpc"
         return await call_next(request)
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    served = app
+    if boot is not None:
+        boot.app, served = app, boot
+    server = uvicorn.Server(uvicorn.Config(served, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -117,8 +122,8 @@ async def stand_in(engine: SlowEngine):
 
 
 async def test_calls_checking_one_server_at_once_share_its_version_rpcs(tmp_path):
-    """Every call checks its server's version before and after generating; 64 calls at once used to send 128
-    RPCs (each a pass through vLLM's engine loop). Now the calls that check at once share one sent after they
+    """A server that names no server life: every call checks its version before and after generating; 64
+    calls at once used to send 128 RPCs (each a pass through vLLM's engine loop). Now the calls that check at once share one sent after they
     asked: a handful in all, and every call still gets its version."""
     engine = SlowEngine(delay_s=0.2)
     async with stand_in(engine) as (url, counts):
@@ -145,5 +150,43 @@ async def test_a_version_change_during_calls_still_fails_every_one_of_them(tmp_p
             results = await asyncio.gather(*calls, return_exceptions=True)
             assert all(isinstance(r, ServerUnavailable) and "0 -> 1" in str(r) for r in results), results
             assert pool.stats.failed_calls == 16 and not pool.slots[0].alive
+        finally:
+            await pool.aclose()
+
+
+async def test_a_server_naming_its_life_is_asked_its_version_once_per_life(tmp_path):
+    """With `BootIdMiddleware` (as `VLLMServer` starts vLLM) the version read once stands while the answers come
+    from the same server life: 64 calls at once, then 32 one by one, send one or two RPCs in all, not 192."""
+    engine = SlowEngine(delay_s=0.05)
+    async with stand_in(engine, BootIdMiddleware(None, boot_id="life-1")) as (url, counts):
+        pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
+        try:
+            await asyncio.gather(*(pool.generate([1, 2, i], SamplingParams(max_tokens=2)) for i in range(64)))
+            for i in range(32):
+                gen = await pool.generate([3, i], SamplingParams(max_tokens=2))
+                assert gen.policy_version == 0
+            assert counts["version_rpcs"] <= 2, counts
+            assert pool.stats.failed_calls == 0 and pool.slots[0].life == ("life-1", 0)
+        finally:
+            await pool.aclose()
+
+
+async def test_a_restart_between_calls_fails_the_next_call_and_the_server_comes_back(tmp_path):
+    """A server that restarted (another life id, its version read anew) fails the first call it answers, as
+    a version change under a call does; the pool takes it back once it has read the new life's version."""
+    engine = SlowEngine(delay_s=0.01)
+    boot = BootIdMiddleware(None, boot_id="life-1")
+    async with stand_in(engine, boot) as (url, counts):
+        pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
+        try:
+            await pool.generate([1, 2], SamplingParams(max_tokens=2))
+            boot.boot_id = b"life-2"  # restarted
+            with pytest.raises(ServerChanged, match="another server life"):
+                await pool.generate([1, 2, 5, 6, 9], SamplingParams(max_tokens=2))  # the rollout's next turn
+            assert pool.stats.failed_calls == 1 and pool.stats.servers_lost == 1 and not pool.slots[0].alive
+            rpcs = counts["version_rpcs"]
+            gen = await pool.generate([7, 7], SamplingParams(max_tokens=2))  # a new rollout: the server revived
+            assert gen.token_ids == [5, 6] and pool.stats.servers_revived == 1
+            assert pool.slots[0].life == ("life-2", 0) and counts["version_rpcs"] == rpcs + 1
         finally:
             await pool.aclose()

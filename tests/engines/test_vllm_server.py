@@ -108,6 +108,8 @@ async def test_killed_server_fails_only_its_rollouts_then_restart_is_survived(po
     owners = [holder(pool, p + g.token_ids)[0] for p, g in zip(firsts, gens)]
     assert owners[0] is not owners[1]
     victim = pool.servers[pool.slots.index(owners[0])]
+    first_life = owners[0].life  # vLLM's answers name the server life (BootIdMiddleware): no RPC per call
+    assert first_life is not None and first_life[1] == pool.policy_version == 1
     await asyncio.to_thread(victim.kill)
 
     failed = pool.stats.failed_calls
@@ -129,6 +131,7 @@ async def test_killed_server_fails_only_its_rollouts_then_restart_is_survived(po
     new = prompts(qwen_tok, 2, "after-restart")
     gens = await asyncio.gather(*(pool.generate(p, SamplingParams(max_tokens=8, seed=i)) for i, p in enumerate(new)))
     assert pool.stats.servers_revived == 1 and owners[0].alive
+    assert owners[0].life is not None and owners[0].life[0] != first_life[0]  # a new life, its version read anew
     assert await pool.server_version(victim.url) == 1
     for p, g in zip(new, gens):
         assert g.policy_version == 1

@@ -55,3 +55,16 @@ def test_rollouts_through_a_remote_engine_streaming_token_by_token(tmp_path):
         proxy.close()
     assert row["errors"] == 0, row["error_samples"]
     assert row["calls"] == 16 * 3 and row["proxy_calls_per_cpu_s"] > 0 and row["proxy_tokens_per_cpu_s"] > 0
+
+
+def test_rollouts_through_the_server_pool(tmp_path):
+    """`--pool`: the same engine process reached through a one-server `VLLMServerPool` (`engine=vllm_server`:
+    sticky routing, the version read once for the server's life, which its answers name): 64 rollouts at once,
+    every call answered."""
+    proxy = ProxyProcess(tmp_path / "run", remote=True, pool=True)
+    try:
+        row = run_level(proxy, 64, 64, 3, 1, tmp_path)
+    finally:
+        proxy.close()
+    assert row["errors"] == 0, row["error_samples"]
+    assert row["calls"] == 64 * 3 and row["proxy_calls_per_cpu_s"] > 0
