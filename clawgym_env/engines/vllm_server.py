@@ -522,6 +522,8 @@ class VLLMServerPool:
                     f"{slot.url} restarted: the call was answered by another server life than its version's "
                     "(during the call or before it)"
                 )
+            if life[1] != before:  # the pool loaded weights since the call began (it may have begun on a revive)
+                raise ServerChanged(f"{slot.url} changed policy version {before} -> {life[1]} during the call")
             return
         after, _ = await slot.version.fresh()
         if after != before:

@@ -190,3 +190,21 @@ async def test_a_restart_between_calls_fails_the_next_call_and_the_server_comes_
             assert pool.slots[0].life == ("life-2", 0) and counts["version_rpcs"] == rpcs + 1
         finally:
             await pool.aclose()
+
+
+async def test_a_version_read_anew_in_the_same_life_during_a_call_fails_that_call(tmp_path):
+    """The same life is not enough: if the pool read a newer version of it while the call generated (it loaded
+    weights, e.g. a call that began as a revive raced an update), the call's output spans two policies."""
+    engine = SlowEngine(delay_s=0.3)
+    async with stand_in(engine, BootIdMiddleware(None, boot_id="life-1")) as (url, _):
+        pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
+        try:
+            await pool.generate([1], SamplingParams(max_tokens=2))
+            call = asyncio.create_task(pool.generate([2], SamplingParams(max_tokens=2)))
+            await asyncio.sleep(0.15)  # generating at version 0
+            engine.policy_version = 1
+            pool.slots[0].life = ("life-1", 1)  # what the pool holds after loading version 1 and reading it back
+            with pytest.raises(ServerChanged, match="0 -> 1"):
+                await call
+        finally:
+            await pool.aclose()
