@@ -296,13 +296,13 @@ def engine_server(args: argparse.Namespace) -> None:
     started without `BootIdMiddleware`, whose version the pool reads before and after every call)."""
     import uvicorn
 
-    from clawgym_env.engines.server_boot import BootIdMiddleware
+    from clawgym_env.engines.server_boot import BootIdMiddleware, new_boot_id
     from clawgym_env.engines.token_server import make_token_server
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 
     tokenizer = load_qwen_tokenizer()
     app = make_token_server(engine_double(tokenizer, args), "policy", tokenizer)  # type: ignore[arg-type]
-    served = app if os.environ.get("PROXY_LOAD_NO_BOOT_HEADER") else BootIdMiddleware(app)
+    served = app if os.environ.get("PROXY_LOAD_NO_BOOT_HEADER") else BootIdMiddleware(app, new_boot_id())
     uvicorn.run(served, host="127.0.0.1", port=args.port, log_level="error", loop="uvloop")
 
 

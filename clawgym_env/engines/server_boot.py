@@ -3,9 +3,10 @@
 `VLLMServerPool` must know the policy version behind every generation. The version changes only two ways:
 the pool loads new weights (it knows when), or the server restarts (back to the model it was started with).
 A restart is a new process, so each server life carries an id (`CLAWGYM_SERVER_BOOT`, set by `VLLMServer` at
-each start and inherited by all of the server's API processes; a random one per process otherwise), and
-`BootIdMiddleware`, loaded into vLLM's API server with `--middleware`, puts it on every answer as
-`x-clawgym-boot`. The pool reads a server's version once per life (the RPC's answer carries the id too) and
+each start and inherited by all of the server's API processes), and `BootIdMiddleware`, loaded into vLLM's
+API server with `--middleware`, puts it on every answer as `x-clawgym-boot`. Without that variable it adds
+nothing: an id made up per process would differ between the API processes of one server
+(`--api-server-count`), and every call would look like a restart. The pool reads a server's version once per life (the RPC's answer carries the id too) and
 then checks each generation's id against it: the same id, the same version; another id, a restart, and
 the call fails. A server without the header is checked by RPC before and after each call, as before.
 """
@@ -25,14 +26,17 @@ def new_boot_id() -> str:
 
 
 class BootIdMiddleware:
-    """ASGI middleware: adds `x-clawgym-boot: <this server life's id>` to every HTTP answer (streams too)."""
+    """ASGI middleware: adds `x-clawgym-boot: <this server life's id>` to every HTTP answer (streams too).
+
+    boot_id: the id (tests, stand-ins); by default `CLAWGYM_SERVER_BOOT`, and no header without it."""
 
     def __init__(self, app: Any, boot_id: str | None = None) -> None:
         self.app = app
-        self.boot_id = (boot_id or os.environ.get(BOOT_ENV) or new_boot_id()).encode()
+        boot = boot_id or os.environ.get(BOOT_ENV)
+        self.boot_id = boot.encode() if boot else None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.boot_id is None:
             await self.app(scope, receive, send)
             return
 
