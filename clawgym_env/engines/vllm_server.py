@@ -17,7 +17,8 @@ in-process engine uses (prefix caching, processed logprobs, ClawGym's worker ext
   call instead, and a version changed in between fails the call. Calls that read one server's version at
   once share one RPC sent after they asked (`SharedReading`).
 - Routing: a call whose prompt extends an earlier call's prompt + completion (the next turn of a rollout)
-  goes to the server that served it, whose prefix cache holds that context; other calls go to the live
+  goes to the server that served it, whose prefix cache holds that context (`StickyRoutes`: a hash lookup
+  per block of the prompt, one entry per rollout, so it holds at any concurrency); other calls go to the live
   server with the fewest calls in flight.
 - Failures: a dead server fails only the calls routed to it (counted in `stats.failed_calls`, raised as
   `ServerUnavailable`); new rollouts go to the others; `revive()` (called before each routing of a new
@@ -35,9 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +51,7 @@ from clawgym_env.engines.http_connections import Answer, Connections
 from clawgym_env.engines.remote_engine import RemoteEngine
 from clawgym_env.engines.server_boot import BOOT_ENV, BOOT_HEADER, new_boot_id
 from clawgym_env.engines.shared_reading import SharedReading
+from clawgym_env.engines.sticky_routes import Match, StickyRoutes
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
@@ -222,9 +223,6 @@ POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version")
 POOL_OPTIONS += ("weight_transfer", "broadcast_backend", "broadcast_host", "broadcast_timeout_s")
 
 
-_TAIL_IDS = 8  # the ids of a recorded sequence that `_sticky` checks first
-
-
 class _AnsweredBy:
     """Told a generation's answer headers (`RemoteEngine`'s `answered`): keeps the server life that answered."""
 
@@ -244,7 +242,6 @@ class ServerSlot:
     alive: bool = True
     in_flight: int = 0
     served: int = 0
-    recent: deque[tuple[int, ...]] = field(default_factory=lambda: deque(maxlen=256))  # prompt + completion
 
 
 @dataclass
@@ -294,6 +291,7 @@ class VLLMServerPool:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.latest_checkpoint: Path | None = None
         self.policy_version = policy_version
+        self.routes: StickyRoutes[ServerSlot] = StickyRoutes()  # which server holds each rollout's context
         self.servers = list(servers)  # the processes this pool started (closed with it)
         self.stats = PoolStats()
         self._in_flight = 0
@@ -387,7 +385,7 @@ class VLLMServerPool:
         response = await self._post(f"{slot.url}/reset_prefix_cache")
         if response.status != 200:
             raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status}")
-        slot.recent.clear()
+        self.routes.forget_server(slot)  # its prefix cache is reset: no context is left there
 
     def _lose(self, slot: ServerSlot) -> None:
         slot.life = None
@@ -428,55 +426,38 @@ class VLLMServerPool:
                     continue
                 if await self._ensure_version(slot) >= self.policy_version:
                     slot.alive = True
-                    slot.recent.clear()
+                    self.routes.forget_server(slot)
                     self.stats.servers_revived += 1
             except (*RPC_ERRORS, ServerUnavailable):
                 continue
 
     # ------------------------------------------------------------------------------------------ routing
-    def _sticky(self, prompt_ids: list[int]) -> ServerSlot | None:
-        """The server that served the longest recorded sequence (prompt + completion) this prompt extends.
-
-        Every call asks this of every recorded sequence (256 per server), so each is first checked at its last
-        ids, its own completion, which no other rollout's prompt holds at that place; only one that passes is
-        compared whole. (Comparing each whole, as before, cost ~11 ms of the proxy process's CPU per call with
-        8k-token rollouts on two servers: `python -m benchmarks.pool_routing`.)
-        """
-        best, best_len = None, 0
-        n = len(prompt_ids)
-        for slot in self.slots:
-            for seq in slot.recent:
-                k = len(seq)
-                if (
-                    best_len < k <= n
-                    and tuple(prompt_ids[max(0, k - _TAIL_IDS) : k]) == seq[-_TAIL_IDS:]
-                    and tuple(prompt_ids[:k]) == seq
-                ):
-                    best, best_len = slot, k
-        return best
-
-    async def _route(self, prompt_ids: list[int]) -> ServerSlot:
-        slot = self._sticky(prompt_ids)
-        if slot is not None:
+    async def _route(self, prompt_ids: list[int]) -> tuple[ServerSlot, Match[ServerSlot]]:
+        """The server holding the context this prompt continues (`StickyRoutes`), else the least busy live one;
+        with the lookup, which the call's own sequence is recorded with."""
+        match = self.routes.find(prompt_ids)
+        if match.found is not None:
+            slot = match.found.server
             if not slot.alive:
                 raise ServerUnavailable(f"{slot.url} holding this rollout is down")
-            return slot
+            return slot, match
         if not all(s.alive for s in self.slots):
             await self._revive()
         live = [s for s in self.slots if s.alive]
         if not live:
             raise ServerUnavailable(f"all {len(self.slots)} vLLM servers are down")
-        return min(live, key=lambda s: (s.in_flight, s.served))
+        return min(live, key=lambda s: (s.in_flight, s.served)), match
 
     @contextlib.asynccontextmanager
-    async def _one_call(self, prompt_ids: list[int]) -> AsyncIterator[tuple[ServerSlot, int]]:
-        """Route one call and hold its server: (the server, the policy version it serves). The server must
+    async def _one_call(self, prompt_ids: list[int]) -> AsyncIterator[tuple[ServerSlot, int, Match[ServerSlot]]]:
+        """Route one call and hold its server: (the server, the policy version it serves, the routing lookup,
+        to record the call's sequence with). The server must
         serve at least the version the trainer last pushed; a failure inside is counted and, when it is the
         server's fault (unreachable, or its version changed during the call), the server is lost."""
         await self._resume.wait()  # a weight update is in progress
         self.stats.calls += 1
         try:
-            slot = await self._route(prompt_ids)
+            slot, match = await self._route(prompt_ids)
         except ServerUnavailable:
             self.stats.failed_calls += 1
             raise
@@ -493,7 +474,7 @@ class VLLMServerPool:
                 raise ServerUnavailable(
                     f"{slot.url} serves policy version {before}, older than the requested {required}"
                 )
-            yield slot, before
+            yield slot, before, match
         except (*RPC_ERRORS, ServerUnavailable, OSError) as exc:
             self.stats.failed_calls += 1
             if not isinstance(exc, ServerUnavailable) or isinstance(exc, ServerChanged):
@@ -533,11 +514,11 @@ class VLLMServerPool:
         return await self._engine_loop.call(self._generate(prompt_ids, sampling))
 
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        async with self._one_call(prompt_ids) as (slot, version):
+        async with self._one_call(prompt_ids) as (slot, version, match):
             answer = _AnsweredBy()
             gen = await slot.client.generate(prompt_ids, sampling, answered=answer)
             await self._check_unchanged(slot, version, answer.boot)
-        slot.recent.append(tuple(prompt_ids) + tuple(gen.token_ids))
+        self.routes.record([*prompt_ids, *gen.token_ids], slot, match)
         return gen.model_copy(update={"policy_version": version})
 
     async def stream(
@@ -550,14 +531,14 @@ class VLLMServerPool:
 
     async def _stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
         ids: list[int] = []
-        async with self._one_call(prompt_ids) as (slot, version):
+        async with self._one_call(prompt_ids) as (slot, version, match):
             answer = _AnsweredBy()
             async for chunk in slot.client.stream(prompt_ids, sampling, answered=answer):
                 ids += chunk.token_ids
                 if chunk.finish_reason is not None:
                     await self._check_unchanged(slot, version, answer.boot)
                 yield TokenChunk(chunk.token_ids, chunk.logprobs, chunk.finish_reason, version)
-        slot.recent.append(tuple(prompt_ids) + tuple(ids))
+        self.routes.record([*prompt_ids, *ids], slot, match)
 
     def report(self) -> dict[str, Any]:
         """The pool's counts and each server's share of the calls (for a run's summary)."""
@@ -694,7 +675,7 @@ class VLLMServerPool:
             response = await self._post(f"{slot.url}/reset_prefix_cache")
             if response.status != 200:
                 raise ServerUnavailable(f"{slot.url}/reset_prefix_cache answered {response.status}")
-            slot.recent.clear()
+            self.routes.forget_server(slot)
 
     async def aclose(self) -> None:
         """Close the HTTP clients and stop the servers this pool started."""
