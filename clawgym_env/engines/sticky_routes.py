@@ -43,7 +43,7 @@ class Match(Generic[S]):
 
 
 class StickyRoutes(Generic[S]):
-    def __init__(self, capacity: int = 65_536, block: int = 64) -> None:
+    def __init__(self, capacity: int = 8192, block: int = 64) -> None:
         if capacity < 1 or block < 1:
             raise ValueError(f"capacity and block must be >= 1, got {capacity} and {block}")
         self.capacity, self.block = capacity, block
