@@ -450,10 +450,10 @@ class VLLMServerPool:
 
     @contextlib.asynccontextmanager
     async def _one_call(self, prompt_ids: list[int]) -> AsyncIterator[tuple[ServerSlot, int, Match[ServerSlot]]]:
-        """Route one call and hold its server: (the server, the policy version it serves, the routing lookup,
-        to record the call's sequence with). The server must
-        serve at least the version the trainer last pushed; a failure inside is counted and, when it is the
-        server's fault (unreachable, or its version changed during the call), the server is lost."""
+        """Route one call and hold its server: (the server, the policy version it serves, the routing lookup
+        to record the call's sequence with). The server must serve at least the version the trainer last
+        pushed; a failure inside is counted and, when it is the server's fault (unreachable, or its version
+        changed during the call), the server is lost."""
         await self._resume.wait()  # a weight update is in progress
         self.stats.calls += 1
         try:
