@@ -5,6 +5,8 @@
     .venv/bin/python -m benchmarks.proxy_load --levels 64 --chunk-tokens 1 --token-delay-ms 5   # streamed tokens
     .venv/bin/python -m benchmarks.proxy_load --levels 64 --remote --chunk-tokens 1   # ... read from a vLLM-style server
     .venv/bin/python -m benchmarks.proxy_load --levels 1,64 --pool    # ... through VLLMServerPool (engine=vllm_server)
+    .venv/bin/python -m benchmarks.proxy_load --levels 1000 --pool 2  # ... over 2 servers (rows count the next
+                                                                      # turns sent to the server holding them)
 
 Three kinds of process, so the numbers say what the proxy costs and not what its client costs:
 
@@ -29,10 +31,11 @@ same concurrency (median and p99). At N = 1000 both are mostly queueing (Little'
 
 `--chunk-tokens K` makes the double stream K ids per chunk (`--token-delay-ms` apart), as a decoder does;
 `--remote` puts it behind the vLLM token API (`token_server`) in a process of its own, reached by a
-`RemoteEngine`: the path users train with, the GPU taken out; `--pool` reaches it through a one-server
-`VLLMServerPool` instead (`engine=vllm_server`: sticky routing, the policy version checked on the server
-before and after each call). Per proxy CPU-second the rows give calls and
-generated tokens. The direct baseline reads each call as the proxy does (`stream_tokens`: the engine's own
+`RemoteEngine`: the path users train with, the GPU taken out; `--pool [N]` reaches it through a
+`VLLMServerPool` over N such processes instead (`engine=vllm_server`: sticky routing, the policy version read
+once per server life, which the stand-in's answers name as vLLM's do under `VLLMServerPool`; its rows count
+the calls the pool sent to the server holding the context they continue). Per proxy CPU-second the rows give
+calls and generated tokens. The direct baseline reads each call as the proxy does (`stream_tokens`: the engine's own
 stream, with its pacing, where it has one), so the added latency is the proxy's alone in every mode.
 """
 
@@ -306,23 +309,29 @@ def engine_server(args: argparse.Namespace) -> None:
     uvicorn.run(served, host="127.0.0.1", port=args.port, log_level="error", loop="uvloop")
 
 
-async def remote_engine(args: argparse.Namespace) -> tuple[Any, subprocess.Popen[bytes]]:
-    """A RemoteEngine (what a vLLM server is reached by) on a started `engine-server` process."""
+async def remote_engine(args: argparse.Namespace) -> tuple[Any, list[subprocess.Popen[bytes]]]:
+    """A RemoteEngine (what a vLLM server is reached by) on a started `engine-server` process, or with
+    `--pool N` a VLLMServerPool over N of them."""
     from benchmarks import servers
     from clawgym_env.engines.remote_engine import RemoteEngine
 
-    url, process = servers.start(
-        "benchmarks.proxy_load",
-        *("engine-server", "--port", "{port}"),
-        *("--chunk-tokens", str(args.chunk_tokens), "--token-delay-ms", str(args.token_delay_ms)),
-        *("--engine-delay-ms", str(args.engine_delay_ms)),
-    )
-    await servers.wait_healthy(url)
+    started = [
+        servers.start(
+            "benchmarks.proxy_load",
+            *("engine-server", "--port", "{port}"),
+            *("--chunk-tokens", str(args.chunk_tokens), "--token-delay-ms", str(args.token_delay_ms)),
+            *("--engine-delay-ms", str(args.engine_delay_ms)),
+        )
+        for _ in range(max(1, args.pool))
+    ]
+    for url, _ in started:
+        await servers.wait_healthy(url)
+    urls, processes = [url for url, _ in started], [process for _, process in started]
     if args.pool:  # what `engine=vllm_server` trains with: the pool's routing and per-call version checks
         from clawgym_env.engines.vllm_server import VLLMServerPool
 
-        return VLLMServerPool([url], model="policy"), process
-    return RemoteEngine(url, model="policy"), process
+        return VLLMServerPool(urls, model="policy"), processes
+    return RemoteEngine(urls[0], model="policy"), processes
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -332,9 +341,9 @@ async def serve(args: argparse.Namespace) -> None:
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy
 
     tokenizer = load_qwen_tokenizer()
-    engine_process: subprocess.Popen[bytes] | None = None
+    engine_processes: list[subprocess.Popen[bytes]] = []
     if args.remote or args.pool:  # the engine double behind the vLLM-style token API, in a process of its own
-        engine, engine_process = await remote_engine(args)
+        engine, engine_processes = await remote_engine(args)
     else:
         engine = engine_double(tokenizer, args)
     policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
@@ -365,6 +374,10 @@ async def serve(args: argparse.Namespace) -> None:
     def fsyncs_now() -> int:
         return getattr(getattr(proxy, "_group", None), "fsyncs", 0)
 
+    def pool_counts() -> dict[str, int]:  # a VLLMServerPool's calls, and those sent to the server holding their context
+        stats = getattr(engine, "stats", None)
+        return {"calls": stats.calls, "routed_by_context": stats.routed_by_context} if stats is not None else {}
+
     def log_bytes() -> int:  # the durable log: call records and delivery receipts
         return sum(f.stat().st_size for f in Path(proxy.log_path).parent.glob(Path(proxy.log_path).stem + ".*"))
 
@@ -381,7 +394,7 @@ async def serve(args: argparse.Namespace) -> None:
             prompts, handler_s = [], []
             lag.take()
             cpu_at_open = time.process_time()
-            fsyncs_at_open, log_at_open = fsyncs_now(), log_bytes()
+            fsyncs_at_open, log_at_open, pool_at_open = fsyncs_now(), log_bytes(), pool_counts()
             if profiler is not None:
                 profiler.enable()
             answer({"routes": routes})
@@ -414,6 +427,7 @@ async def serve(args: argparse.Namespace) -> None:
                     "tables": proxy.table_sizes(),
                     "fsyncs": fsyncs_now() - fsyncs_at_open,
                     "log_bytes": log_bytes() - log_at_open,
+                    "pool": {k: v - pool_at_open[k] for k, v in pool_counts().items()},
                     **lag.take(),
                 }
             )
@@ -437,10 +451,11 @@ async def serve(args: argparse.Namespace) -> None:
     if bare is not None:
         await bare.stop()
     await proxy.stop()
-    if engine_process is not None:
+    if engine_processes:
         from benchmarks import servers
 
-        servers.stop(engine_process)
+        for process in engine_processes:
+            servers.stop(process)
 
 
 # ----------------------------------------------------------------------------------------- client process
@@ -561,12 +576,12 @@ class ProxyProcess:
         loop: str = "uvloop",
         stream: tuple[int, float] = (0, 0.0),
         remote: bool = False,
-        pool: bool = False,
+        pool: int = 0,
     ) -> None:
         cmd = [sys.executable, "-m", "benchmarks.proxy_load", "serve", "--run-dir", str(run_dir), "--loop", loop]
         cmd += ["--engine-delay-ms", str(engine_delay_ms)] + (["--fsync"] if fsync else [])
         cmd += ["--chunk-tokens", str(stream[0]), "--token-delay-ms", str(stream[1])] + (["--remote"] if remote else [])
-        cmd += ["--pool"] if pool else []
+        cmd += ["--pool", str(int(pool))] if pool else []
         if os.environ.get("PROXY_LOAD_GC_THRESHOLD"):
             cmd += ["--gc-threshold", os.environ["PROXY_LOAD_GC_THRESHOLD"]]
         if os.environ.get("PROXY_LOAD_PROFILE"):
@@ -675,6 +690,7 @@ def run_level(proxy: ProxyProcess, n: int, rollouts: int, calls: int, clients: i
         "wall_s": wall,
         "load_avg": os.getloadavg()[0],
         "guards": closed["guards"],
+        "pool": closed.get("pool", {}),  # with --pool: calls through the pool, and those routed by context
     }
 
 
@@ -690,6 +706,11 @@ def format_row(r: dict[str, Any]) -> str:
         f"{r['proxy_rss_mb']:.0f} MB closed "
         f"fds {r['proxy_open_fds']} | clients {r['client_processes']} cpu {r['client_cpu_s']:.1f} s "
         f"wall {r['wall_s']:.1f} s | load {r['load_avg']:.2f}"
+        + (
+            f" | pool: {r['pool']['routed_by_context']} of {r['pool']['calls']} calls to the server holding their context"
+            if r.get("pool")
+            else ""
+        )
     )
 
 
@@ -704,11 +725,11 @@ def bench(
     loop: str = "uvloop",
     stream: tuple[int, float] = (0, 0.0),
     remote: bool = False,
-    pool: bool = False,
+    pool: int = 0,
 ) -> dict[str, Any]:
     """`stream`: (ids per chunk, ms per token) of a streaming engine double; (0, 0) replays each answer whole.
     `remote`: the double runs behind the vLLM-style token API in its own process, reached by a RemoteEngine
-    (`pool`: through a one-server VLLMServerPool)."""
+    (`pool` > 0: through a VLLMServerPool over that many such processes)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="clawgym-proxy-load-") as tmp:
         work = Path(tmp)
@@ -738,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     s = sub.add_parser("serve", parents=[double])
     s.add_argument("--run-dir", type=Path, required=True)
     s.add_argument("--remote", action="store_true")
-    s.add_argument("--pool", action="store_true")
+    s.add_argument("--pool", type=int, default=0)
     s.add_argument("--fsync", action="store_true")
     s.add_argument("--profile", type=Path, help="cProfile each level's serving into this file")
     s.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
@@ -762,7 +783,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "--remote", action="store_true", help="the engine double behind the vLLM token API, reached by RemoteEngine"
     )
     parser.add_argument(
-        "--pool", action="store_true", help="--remote through a one-server VLLMServerPool (engine=vllm_server)"
+        "--pool",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        help="--remote through a VLLMServerPool (engine=vllm_server) over this many engine processes (1 if no number)",
     )
     parser.add_argument("--fsync", action="store_true", help="the proxy's CallLog fsyncs (group commit)")
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"), help="the proxy process's loop")

@@ -248,6 +248,7 @@ class ServerSlot:
 class PoolStats:
     calls: int = 0
     failed_calls: int = 0  # calls that hit a dead server or a version check
+    routed_by_context: int = 0  # calls sent to the server holding the context they continue (next turns)
     servers_lost: int = 0
     servers_revived: int = 0
     weight_updates: int = 0
@@ -440,6 +441,7 @@ class VLLMServerPool:
             slot = match.found.server
             if not slot.alive:
                 raise ServerUnavailable(f"{slot.url} holding this rollout is down")
+            self.stats.routed_by_context += 1
             return slot, match
         if not all(s.alive for s in self.slots):
             await self._revive()

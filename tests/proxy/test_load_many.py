@@ -57,14 +57,16 @@ def test_rollouts_through_a_remote_engine_streaming_token_by_token(tmp_path):
     assert row["calls"] == 16 * 3 and row["proxy_calls_per_cpu_s"] > 0 and row["proxy_tokens_per_cpu_s"] > 0
 
 
-def test_rollouts_through_the_server_pool(tmp_path):
-    """`--pool`: the same engine process reached through a one-server `VLLMServerPool` (`engine=vllm_server`:
-    sticky routing, the version read once for the server's life, which its answers name): 64 rollouts at once,
-    every call answered."""
-    proxy = ProxyProcess(tmp_path / "run", remote=True, pool=True)
+def test_rollouts_through_a_pool_of_two_servers_keep_to_theirs(tmp_path):
+    """`--pool 2`: two engine processes behind a `VLLMServerPool` (`engine=vllm_server`: the version read once
+    per server life, which their answers name; sticky routing). 64 rollouts of 3 calls at once: every call
+    answered, and every call after a rollout's first went to the server holding its context: the proxy's
+    spliced prompt extends the previous call's prompt + generated ids exactly, id for id."""
+    proxy = ProxyProcess(tmp_path / "run", remote=True, pool=2)
     try:
         row = run_level(proxy, 64, 64, 3, 1, tmp_path)
     finally:
         proxy.close()
     assert row["errors"] == 0, row["error_samples"]
     assert row["calls"] == 64 * 3 and row["proxy_calls_per_cpu_s"] > 0
+    assert row["pool"] == {"calls": 64 * 3, "routed_by_context": 64 * 2}, row["pool"]
