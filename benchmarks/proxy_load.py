@@ -376,7 +376,9 @@ async def serve(args: argparse.Namespace) -> None:
 
     def pool_counts() -> dict[str, int]:  # a VLLMServerPool's calls, and those sent to the server holding their context
         stats = getattr(engine, "stats", None)
-        return {"calls": stats.calls, "routed_by_context": stats.routed_by_context} if stats is not None else {}
+        if not hasattr(stats, "routed_by_context"):
+            return {}
+        return {"calls": stats.calls, "routed_by_context": stats.routed_by_context}
 
     def log_bytes() -> int:  # the durable log: call records and delivery receipts
         return sum(f.stat().st_size for f in Path(proxy.log_path).parent.glob(Path(proxy.log_path).stem + ".*"))
