@@ -38,16 +38,43 @@ async def test_many_callers_at_once_share_two_reads():
     assert counter.started == reading.requests == 2
 
 
+class GatedCounter:
+    """Reads that end when the test says: read k returns k (the number of reads started when it started)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.gates: list[asyncio.Event] = []
+
+    async def read(self) -> int:
+        self.started += 1
+        seen = self.started
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return seen
+
+    async def end(self, k: int) -> None:
+        while len(self.gates) < k:
+            await asyncio.sleep(0)
+        self.gates[k - 1].set()
+
+
 async def test_a_caller_never_gets_a_read_that_started_before_it_asked():
-    counter = Counter()
+    counter = GatedCounter()
     reading = SharedReading(counter.read)
-    asked: list[tuple[int, asyncio.Task[int]]] = []
-    for _ in range(20):
-        asked.append((counter.started, asyncio.create_task(reading.fresh())))
-        await asyncio.sleep(0.007)  # callers arrive during reads, at different points of them
-    for started_before, task in asked:
-        assert await task > started_before  # the read it got began after it asked
-    assert reading.requests < 20  # and they still shared
+    a = asyncio.create_task(reading.fresh())  # starts read 1
+    await asyncio.sleep(0)
+    b = asyncio.create_task(reading.fresh())  # read 1 is out: b waits for read 2
+    await asyncio.sleep(0)
+    await counter.end(1)
+    assert await a == 1
+    c = asyncio.create_task(reading.fresh())  # read 2 (b's) is out: c waits for read 3
+    d = asyncio.create_task(reading.fresh())  # ... and shares it with c
+    await asyncio.sleep(0)
+    await counter.end(2)
+    assert await b == 2
+    await counter.end(3)
+    assert (await c, await d) == (3, 3) and reading.requests == counter.started == 3
 
 
 async def test_one_caller_after_another_each_reads_anew():
