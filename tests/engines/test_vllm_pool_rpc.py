@@ -172,7 +172,9 @@ async def test_a_version_change_during_calls_still_fails_every_one_of_them(tmp_p
 
 async def test_a_server_naming_its_life_is_asked_its_version_once_per_life(tmp_path):
     """With `BootIdMiddleware` (as `VLLMServer` starts vLLM) the version read once stands while the answers come
-    from the same server life: 64 calls at once, then 32 one by one, send one or two RPCs in all, not 192."""
+    from the same server life: 64 calls at once, then 32 one by one, send at most three RPCs in all, not 192
+    (the first read; one for the calls that came while it was out; one more for any that came in the moment
+    between its answer and its caller noting the life)."""
     engine = SlowEngine(delay_s=0.05)
     async with stand_in(engine, BootIdMiddleware(None, boot_id="life-1")) as (url, counts):
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
@@ -181,7 +183,7 @@ async def test_a_server_naming_its_life_is_asked_its_version_once_per_life(tmp_p
             for i in range(32):
                 gen = await pool.generate([3, i], SamplingParams(max_tokens=2))
                 assert gen.policy_version == 0
-            assert counts["version_rpcs"] <= 2, counts
+            assert counts["version_rpcs"] <= 3, counts
             assert pool.stats.failed_calls == 0 and pool.slots[0].life == ("life-1", 0)
         finally:
             await pool.aclose()
