@@ -47,7 +47,8 @@ class ListRoutes:
                     best, best_len = server, k
         return best
 
-    def record(self, seq: list[int], server: str) -> None:
+    def record(self, seq: list[int], server: str, match: object = None) -> None:
+        """`match` is taken (and unused) so both routings record alike."""
         self.recent[server].append(tuple(seq))
 
 
@@ -80,7 +81,7 @@ def kept_on_server(servers: list[str], rollouts: int, use_list: bool, seed: int 
             served[server] += 1
             owner[r] = server
             seq = [*prompts[r], *(rng.randrange(150_000) for _ in range(30))]
-            routes.record(seq, server) if isinstance(routes, ListRoutes) else routes.record(seq, server, match)
+            routes.record(seq, server, match)
             prompts[r] = [*seq, *(rng.randrange(150_000) for _ in range(15))]
     return kept
 

@@ -6,9 +6,10 @@ A restart is a new process, so each server life carries an id (`CLAWGYM_SERVER_B
 each start and inherited by all of the server's API processes), and `BootIdMiddleware`, loaded into vLLM's
 API server with `--middleware`, puts it on every answer as `x-clawgym-boot`. Without that variable it adds
 nothing: an id made up per process would differ between the API processes of one server
-(`--api-server-count`), and every call would look like a restart. The pool reads a server's version once per life (the RPC's answer carries the id too) and
-then checks each generation's id against it: the same id, the same version; another id, a restart, and
-the call fails. A server without the header is checked by RPC before and after each call, as before.
+(`--api-server-count`), and every call would look like a restart. The pool reads a server's version once
+per life (the RPC's answer carries the id too) and then checks each generation's id against it: the same
+id, the same version; another id, a restart, and the call fails. A server without the header is checked
+by RPC before and after each call, as before.
 """
 
 from __future__ import annotations

@@ -2,13 +2,12 @@
 
 `VLLMServerPool` asks a server for its policy version before a call, and after it when the server does not
 name its life (a version that changed in between, e.g. a restart, means the call's output came from no
-single policy). The answer must come from a
-request sent *after* the caller asked: an older one may predate the change it is checking for. Sending one
-request per check makes 2,000 requests at 1,000 calls in flight, each one a pass through the server's
-engine loop (vLLM's `/collective_rpc` waits for a scheduler step). Here, a caller that arrives while a
-request is out waits for the next one, which starts when that one ends and answers everyone who arrived
-meanwhile: at most one request out and one queued per value, whatever the concurrency, and every answer
-still comes from a request sent after its caller asked.
+single policy). The answer must come from a request sent *after* the caller asked: an older one may
+predate the change it is checking for. Sending one request per check makes 2,000 requests at 1,000 calls
+in flight, each one a pass through the server's engine loop (vLLM's `/collective_rpc` waits for a
+scheduler step). Here, a caller that arrives while a request is out waits for the next one, which starts
+when that one ends and answers everyone who arrived meanwhile: at most one request out and one queued per
+value, whatever the concurrency, and every answer still comes from a request sent after its caller asked.
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ class StickyRoutes(Generic[S]):
         chain = self._extend_chain(list(match.chain) if match and match.chain else [0], sequence)
         if match is not None and match.found is not None:
             self._forget(match.found)
-        full = (len(sequence) // self.block) * self.block
-        seq = Recorded(server, chain[len(sequence) // self.block], tuple(sequence[full:]), len(sequence))
+        blocks = len(sequence) // self.block
+        seq = Recorded(server, chain[blocks], tuple(sequence[blocks * self.block :]), len(sequence))
         self._lru[id(seq)] = seq
         self._by_head.setdefault(seq.head, {})[id(seq)] = seq
         while len(self._lru) > self.capacity:

@@ -86,9 +86,10 @@ def test_random_sequences_agree_with_comparing_every_one_whole():
 
 
 @pytest.mark.parametrize("rollouts", [64, 1000])
-def test_every_next_turn_finds_its_server_with_a_thousand_rollouts_in_flight(rollouts):
-    """The pool's own routing, rollouts taking turns on 2 servers. The 256 latest sequences per server it kept
-    before held no rollout's previous turn at 1,000 rollouts: 0 of 3,000 next turns found their server."""
+async def test_every_next_turn_finds_its_server_with_a_thousand_rollouts_in_flight(rollouts):
+    """The pool's own routing (`_route`, then the record a finished call makes), rollouts taking turns on 2
+    servers. The 256 latest sequences per server it kept before held no rollout's previous turn at 1,000
+    rollouts: 0 of 3,000 next turns found their server."""
     rng = random.Random(0)
     pool = VLLMServerPool(["http://127.0.0.1:9", "http://127.0.0.1:10"])  # nothing listens: never called
     try:
@@ -97,15 +98,14 @@ def test_every_next_turn_finds_its_server_with_a_thousand_rollouts_in_flight(rol
         kept = 0
         for turn in range(4):
             for r in range(rollouts):
-                match = pool.routes.find(prompts[r])
-                kept += turn > 0 and match.found is not None and match.found.server is owner[r]
-                slot = match.found.server if match.found else min(pool.slots, key=lambda s: s.served)
-                slot.served += 1
+                slot, match = await pool._route(prompts[r])
+                kept += turn > 0 and match.found is not None and slot is owner[r]
+                slot.served += 1  # as `_one_call` counts a call that went through
                 owner[r] = slot
                 completion = [rng.randrange(150_000) for _ in range(30)]
                 pool.routes.record([*prompts[r], *completion], slot, match)
                 prompts[r] = [*prompts[r], *completion, *(rng.randrange(150_000) for _ in range(15))]
-        assert kept == 3 * rollouts
+        assert kept == pool.stats.routed_by_context == 3 * rollouts
         assert len(pool.routes) == rollouts  # one entry per rollout
         assert {s.served for s in pool.slots} == {2 * rollouts}  # new rollouts spread evenly
     finally:

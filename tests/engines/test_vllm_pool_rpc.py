@@ -101,10 +101,12 @@ class SlowEngine:
 
 
 @contextlib.asynccontextmanager
-async def stand_in(engine: SlowEngine, boot: BootIdMiddleware | None = None):
-    """The token server stand-in on a free loopback port, counting the pool's version RPCs (and the most at
-    once: each takes 5 ms here, so RPCs sent together overlap); with `boot`, its answers name a server life as
-    `VLLMServer`'s do (the test changes `boot.boot_id` to play a restart)."""
+async def stand_in(engine: SlowEngine, boot_id: str | None = None):
+    """The token server stand-in on a free loopback port: (its URL, counts of the pool's version RPCs and of
+    the most at once (each takes 5 ms here, so RPCs sent together overlap), the `BootIdMiddleware` in front,
+    if any).
+    With `boot_id` its answers name that server life as `VLLMServer`'s do; a test changes the middleware's
+    `boot_id` to play a restart."""
     app = make_token_server(engine)  # type: ignore[arg-type]
     counts = {"version_rpcs": 0, "in_flight": 0, "most_at_once": 0}
 
@@ -121,16 +123,14 @@ async def stand_in(engine: SlowEngine, boot: BootIdMiddleware | None = None):
         finally:
             counts["in_flight"] -= 1
 
-    served = app
-    if boot is not None:
-        boot.app, served = app, boot
-    server = uvicorn.Server(uvicorn.Config(served, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    boot = BootIdMiddleware(app, boot_id) if boot_id else None  # none: a server that names no life
+    server = uvicorn.Server(uvicorn.Config(boot or app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", counts
+        yield f"http://127.0.0.1:{port}", counts, boot
     finally:
         server.should_exit = True
         await task
@@ -142,7 +142,7 @@ async def test_calls_checking_one_server_at_once_share_its_version_rpcs(tmp_path
     that check at once share one sent after they asked: never two out at once, far fewer in all (how many
     depends on how spread the calls arrive, so the bound is loose), and every call still gets its version."""
     engine = SlowEngine(delay_s=0.2)
-    async with stand_in(engine) as (url, counts):
+    async with stand_in(engine) as (url, counts, _):
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
         try:
             gens = await asyncio.gather(*(pool.generate([1, 2, i], SamplingParams(max_tokens=2)) for i in range(64)))
@@ -157,7 +157,7 @@ async def test_a_version_change_during_calls_still_fails_every_one_of_them(tmp_p
     """The check after a call must read the version after the call generated, shared or not: a server whose
     version changes while 16 calls generate (a restart, a reload) fails all 16, and the server is lost."""
     engine = SlowEngine(delay_s=1.0)  # long enough that none ends before the last has begun, even under load
-    async with stand_in(engine) as (url, _):
+    async with stand_in(engine) as (url, _, _):
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
         try:
             calls = [asyncio.create_task(pool.generate([1, i], SamplingParams(max_tokens=2))) for i in range(16)]
@@ -176,7 +176,7 @@ async def test_a_server_naming_its_life_is_asked_its_version_once_per_life(tmp_p
     (the first read; one for the calls that came while it was out; one more for any that came in the moment
     between its answer and its caller noting the life)."""
     engine = SlowEngine(delay_s=0.05)
-    async with stand_in(engine, BootIdMiddleware(None, boot_id="life-1")) as (url, counts):
+    async with stand_in(engine, boot_id="life-1") as (url, counts, _):
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
         try:
             await asyncio.gather(*(pool.generate([1, 2, i], SamplingParams(max_tokens=2)) for i in range(64)))
@@ -193,8 +193,7 @@ async def test_a_restart_between_calls_fails_the_next_call_and_the_server_comes_
     """A server that restarted (another life id, its version read anew) fails the first call it answers, as
     a version change under a call does; the pool takes it back once it has read the new life's version."""
     engine = SlowEngine(delay_s=0.01)
-    boot = BootIdMiddleware(None, boot_id="life-1")
-    async with stand_in(engine, boot) as (url, counts):
+    async with stand_in(engine, boot_id="life-1") as (url, counts, boot):
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
         try:
             await pool.generate([1, 2], SamplingParams(max_tokens=2))
@@ -214,7 +213,7 @@ async def test_a_version_read_anew_in_the_same_life_during_a_call_fails_that_cal
     """The same life is not enough: if the pool read a newer version of it while the call generated (it loaded
     weights, e.g. a call that began as a revive raced an update), the call's output spans two policies."""
     engine = SlowEngine(delay_s=0.3)
-    async with stand_in(engine, BootIdMiddleware(None, boot_id="life-1")) as (url, _):
+    async with stand_in(engine, boot_id="life-1") as (url, _, _):
         pool = VLLMServerPool([url], checkpoint_dir=tmp_path)
         try:
             await pool.generate([1], SamplingParams(max_tokens=2))
