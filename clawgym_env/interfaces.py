@@ -197,11 +197,12 @@ class RolloutLimits(BaseModel):
 
 @runtime_checkable
 class RolloutProxy(Protocol):
-    """What a rollout needs from the model endpoint; `clawgym_env.proxy.ServingProxy` is the implementation."""
-
-    endpoint: ProxyEndpoint
+    """What a rollout needs from the model endpoint; `clawgym_env.proxy.ServingProxy` is the implementation
+    (`ShardedProxy` too: several processes, a rollout's sandbox bound to the one that serves it)."""
 
     async def start(self) -> None: ...
+
+    def endpoint_for(self, rollout_id: str) -> ProxyEndpoint: ...
 
     async def stop(self) -> None: ...
 

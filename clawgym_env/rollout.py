@@ -119,7 +119,7 @@ async def run_rollout(
     calls: list[ModelCall] = []
     t0 = time.perf_counter()
     try:
-        sandbox = await _timed(timings, "sandbox_s", open_sandbox_stage(task, backend, proxy, timeout_s))
+        sandbox = await _timed(timings, "sandbox_s", open_sandbox_stage(task, backend, proxy, timeout_s, rollout_id))
         ctx = open_route_stage(task, adapter, policy, proxy, sandbox, backend, options, rollout_id, timeout_s)
         route_open = True
         harness_result, truncated_by = await _timed(
@@ -152,13 +152,16 @@ async def _timed(timings: dict[str, float], name: str, stage: Any) -> Any:
 
 
 async def open_sandbox_stage(
-    task: TaskSpec, backend: SandboxBackend, proxy: RolloutProxy | None, timeout_s: float
+    task: TaskSpec, backend: SandboxBackend, proxy: RolloutProxy | None, timeout_s: float, rollout_id: str
 ) -> Any:
-    """A sandbox with the backend's limits, its wall time covering this task's timeout."""
+    """A sandbox with the backend's limits, its wall time covering this task's timeout, bound to the proxy
+    (the shard of a `ShardedProxy`) that will serve the rollout."""
     base = getattr(backend, "limits", None) or SandboxLimits()
     limits = base.model_copy(update={"wall_time_s": max(base.wall_time_s, timeout_s + 60)})
     try:
-        return await backend.create(task, proxy=None if proxy is None else proxy.endpoint, limits=limits)
+        return await backend.create(
+            task, proxy=None if proxy is None else proxy.endpoint_for(rollout_id), limits=limits
+        )
     except Exception as exc:  # noqa: BLE001 - reported as the rollout's failure
         raise StageFailed("sandbox", exc) from exc
 

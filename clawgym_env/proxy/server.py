@@ -297,6 +297,10 @@ class ServingProxy:
         await self.stop()
 
     # -------------------------------------------------------------------------------- rollouts
+    def endpoint_for(self, rollout_id: str) -> ProxyEndpoint:
+        """Where a rollout's sandbox reaches this proxy: the same endpoint for every rollout (one process)."""
+        return self.endpoint
+
     def open_rollout(self, rollout_id: str, policy: Policy, limits: RolloutLimits | None = None) -> RolloutRoute:
         if not ROLLOUT_ID_RE.match(rollout_id):
             raise ValueError(f"rollout id {rollout_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")

@@ -90,8 +90,15 @@ class ChatMLRenderer:
         self.generation_prompt: tuple[Piece, ...] = ((f"{IM_START}assistant\n", "template"),)
         self._after_stop = self._encode_pieces((("\n", "template"),))[0]
         self._close_turn = self._encode_pieces(((f"{IM_END}\n", "template"),))[0]
+        self._cache_blocks = cache_blocks
         if verify:
             self.verify_against_template()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its constructor's arguments (a proxy shard builds its own; its caches are per process).
+        Not verified again: this one was, and the tokenizer travels with it."""
+        options = {"default_system": self.default_system, "verify": False, "cache_blocks": self._cache_blocks}
+        return (functools.partial(type(self), **options), (self.tokenizer,))
 
     def _token_id(self, token: str) -> int:
         tid = self._backend.token_to_id(token)

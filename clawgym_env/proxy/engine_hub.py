@@ -1,0 +1,289 @@
+"""The engine hub: proxy shards in other processes generate with the engines of the process that made them.
+
+A `ShardedProxy` (clawgym_env.proxy.shards) runs its HTTP front ends in shard processes, but a policy's
+engine stays where the trainer made it: a transformers model in this process, or the `VLLMServerPool`
+whose weights the trainer updates and whose versions it checks. So the shards do not get engines: each
+gets a `HubEngine` that sends the prompt to the `EngineHub` in this process over a private Unix socket
+and reads the tokens back as the real engine decodes them. Everything else of a call (HTTP, parsing,
+rendering, splicing, recording, streaming the answer) costs the shard's CPU, not this process's.
+
+The wire: each frame is a 4-byte big-endian length and an orjson object. A shard sends
+`{"op": "stream" | "generate", "id", "policy", "ids", "sampling", "rid"}`, `{"op": "abort", "id"}` (the
+engine stops and answers what it has) and `{"op": "cancel", "id"}` (the shard no longer wants it); the hub
+answers `{"id", "chunk": [ids, logprobs, finish, version]}`... `{"id", "end": 1}`, `{"id", "gen": {...}}`
+or `{"id", "error": [type name, message], "partial": generation or null}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import struct
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from clawgym_env.engines.streaming import can_abort, stream_tokens
+from clawgym_env.interfaces import Generation, Policy, SamplingParams, TokenChunk
+
+log = logging.getLogger(__name__)
+_LENGTH = struct.Struct(">I")
+MAX_FRAME = 256 * 1024 * 1024  # a prompt of ~30 M ids; anything longer is a broken peer
+
+
+def frame(value: dict[str, Any]) -> bytes:
+    body = orjson.dumps(value)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next frame, or None when the peer closed the connection."""
+    try:
+        head = await reader.readexactly(4)
+        (length,) = _LENGTH.unpack(head)
+        if length > MAX_FRAME:
+            raise ConnectionError(f"engine hub frame of {length} bytes is over the {MAX_FRAME} limit")
+        return orjson.loads(await reader.readexactly(length))
+    except asyncio.IncompleteReadError:
+        return None
+
+
+class HubEngineError(RuntimeError):
+    """An engine in the hub's process failed; the message starts with the original exception's type name."""
+
+
+def _error_of(payload: dict[str, Any]) -> Exception:
+    name, message = payload["error"]
+    exc: Exception = TimeoutError(message) if name == "TimeoutError" else HubEngineError(f"{name}: {message}")
+    partial = payload.get("partial")
+    exc.generation = Generation.model_validate(partial) if partial else None  # type: ignore[attr-defined]
+    return exc
+
+
+# ------------------------------------------------------------------------------------------- hub side
+class EngineHub:
+    """Serves the engines of registered policies to shard processes (one connection per shard)."""
+
+    def __init__(self) -> None:
+        self._policies: dict[int, Policy] = {}
+        self._keys: dict[int, int] = {}  # id(policy) -> key
+        self._next_key = itertools.count(1)
+        self._server: asyncio.AbstractServer | None = None
+        self._dir: Path | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.path: Path | None = None
+        self.failed_calls = 0  # engine calls that ended in an error (each also reaches its shard's call record)
+
+    def register(self, policy: Policy) -> int:
+        """The key shards name this policy by (the same key for the same policy object)."""
+        key = self._keys.get(id(policy))
+        if key is None or self._policies.get(key) is not policy:
+            key = next(self._next_key)
+            self._keys[id(policy)] = key
+            self._policies[key] = policy
+        return key
+
+    async def start(self) -> Path:
+        # a private folder (0700) under /tmp: sandboxes have their own /tmp, and no other user can connect
+        self._dir = Path(tempfile.mkdtemp(prefix="clawgym-hub-"))
+        self.path = self._dir / "hub.sock"
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        return self.path
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*self._connections, return_exceptions=True)
+            self._server = None
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        if self._dir is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._dir)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(asyncio.current_task())  # type: ignore[arg-type]
+        calls: dict[int, tuple[asyncio.Task[None], Any, str | None]] = {}
+        try:
+            while (request := await read_frame(reader)) is not None:
+                op, call_id = request["op"], request["id"]
+                if op in ("stream", "generate"):
+                    policy = self._policies[request["policy"]]
+                    task = asyncio.create_task(self._run(op, call_id, policy.engine, request, writer))
+                    calls[call_id] = (task, policy.engine, request.get("rid"))
+                    task.add_done_callback(lambda _t, i=call_id: calls.pop(i, None))
+                elif (entry := calls.get(call_id)) is not None:
+                    task, engine, rid = entry
+                    if op == "abort" and can_abort(engine) and rid is not None:
+                        engine.abort(rid)
+                    else:
+                        task.cancel()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            for task, _, _ in list(calls.values()):
+                task.cancel()  # the shard is gone: nobody reads these tokens
+            writer.close()
+            self._connections.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    async def _run(
+        self, op: str, call_id: int, engine: Any, request: dict[str, Any], writer: asyncio.StreamWriter
+    ) -> None:
+        sampling = SamplingParams.model_validate(request["sampling"])
+        ids, rid = request["ids"], request.get("rid")
+        try:
+            if op == "generate":
+                coro = (
+                    engine.generate(ids, sampling, request_id=rid)
+                    if can_abort(engine)
+                    else engine.generate(ids, sampling)
+                )
+                writer.write(frame({"id": call_id, "gen": (await coro).model_dump()}))
+                return
+            async for chunk in stream_tokens(engine, ids, sampling, rid):
+                body = [chunk.token_ids, chunk.logprobs, chunk.finish_reason, chunk.policy_version]
+                writer.write(frame({"id": call_id, "chunk": body}))
+            writer.write(frame({"id": call_id, "end": 1}))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the shard's proxy records it as the call's engine error
+            self.failed_calls += 1
+            partial = getattr(exc, "generation", None)
+            error = {"id": call_id, "error": [type(exc).__name__, str(exc)]}
+            error["partial"] = partial.model_dump() if isinstance(partial, Generation) else None
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                writer.write(frame(error))
+
+
+# ----------------------------------------------------------------------------------------- shard side
+class HubLink:
+    """A shard's one connection to the hub; answers are sorted to their calls by id."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._reading = asyncio.create_task(self._read())
+        self.lost: str | None = None  # why the link broke, once it has
+
+    @classmethod
+    async def connect(cls, path: str | Path) -> HubLink:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=2**20)
+        return cls(reader, writer)
+
+    async def _read(self) -> None:
+        try:
+            while (answer := await read_frame(self._reader)) is not None:
+                queue = self._waiting.get(answer["id"])
+                if queue is not None:
+                    queue.put_nowait(answer)
+            self.lost = "the engine hub closed the connection"
+        except Exception as exc:  # noqa: BLE001
+            self.lost = f"the engine hub connection broke: {exc!r}"
+        for call_id, queue in self._waiting.items():
+            queue.put_nowait({"id": call_id, "error": ["ConnectionError", self.lost], "partial": None})
+
+    def send(self, request: dict[str, Any]) -> tuple[int, asyncio.Queue[dict[str, Any]]]:
+        if self.lost is not None:
+            raise ConnectionError(self.lost)
+        call_id = next(self._ids)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._waiting[call_id] = queue
+        self._writer.write(frame({**request, "id": call_id}))
+        return call_id, queue
+
+    def tell(self, op: str, call_id: int) -> None:
+        if self.lost is None and call_id in self._waiting:
+            self._writer.write(frame({"op": op, "id": call_id}))
+
+    def done(self, call_id: int) -> None:
+        self._waiting.pop(call_id, None)
+
+    async def aclose(self) -> None:
+        self._reading.cancel()
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+class HubEngine:
+    """The engine of a policy in the hub's process, as an `InferenceEngine` inside a shard."""
+
+    def __init__(self, link: HubLink, policy_key: int, policy_version: int, abortable: bool) -> None:
+        self._link, self._key = link, policy_key
+        self.policy_version = policy_version  # the latest version an answer named
+        self._calls: dict[str, int] = {}  # request id -> hub call id, for abort
+        if abortable:
+            self.abort = self._abort  # only then: the proxy asks `can_abort(engine)` before it aborts
+
+    def _send(self, op: str, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None) -> Any:
+        request = {
+            "op": op,
+            "policy": self._key,
+            "ids": prompt_ids,
+            "sampling": sampling.model_dump(),
+            "rid": request_id,
+        }
+        call_id, queue = self._link.send(request)
+        if request_id is not None:
+            self._calls[request_id] = call_id
+        return call_id, queue
+
+    def _abort(self, request_id: str) -> bool:
+        call_id = self._calls.get(request_id)
+        if call_id is None:
+            return False
+        self._link.tell("abort", call_id)
+        return True
+
+    def _finish(self, call_id: int, request_id: str | None, ended: bool) -> None:
+        if not ended:
+            self._link.tell("cancel", call_id)
+        self._link.done(call_id)
+        if request_id is not None:
+            self._calls.pop(request_id, None)
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        call_id, queue = self._send("generate", prompt_ids, sampling, request_id)
+        ended = False
+        try:
+            answer = await queue.get()
+            ended = True
+            if "error" in answer:
+                raise _error_of(answer)
+            generation = Generation.model_validate(answer["gen"])
+            self.policy_version = max(self.policy_version, generation.policy_version)
+            return generation
+        finally:
+            self._finish(call_id, request_id, ended)
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        call_id, queue = self._send("stream", prompt_ids, sampling, request_id)
+        ended = False
+        try:
+            while True:
+                answer = await queue.get()
+                if "chunk" in answer:
+                    ids, logprobs, finish, version = answer["chunk"]
+                    self.policy_version = max(self.policy_version, version)
+                    yield TokenChunk(ids, logprobs, finish, version)
+                    continue
+                ended = True
+                if "error" in answer:
+                    raise _error_of(answer)
+                return
+        finally:
+            self._finish(call_id, request_id, ended)

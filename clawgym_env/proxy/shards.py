@@ -1,0 +1,414 @@
+"""`ShardedProxy`: one proxy made of several processes, for more calls per second than one process serves.
+
+One `ServingProxy` is one Python process; its CPU per call is spread thin over HTTP, parsing, rendering,
+splicing, recording and streaming (docs/proxy.md), so past ~2,000 calls per second the way up is more
+processes. A `ShardedProxy` starts N shard processes, each a whole `ServingProxy` on its own socket (and
+port) with its own durable log (`run_dir/shard-K/calls.jsonl`), and one route table here: which shard
+serves which rollout. A rollout's calls all go to its shard, so everything a call needs from the
+rollout's earlier calls (splicing, the prefix check, budgets) stays in one process.
+
+- The sandbox of a rollout is created before its route opens, so the shard is chosen first:
+  `endpoint_for(rollout_id)` picks the live shard with the fewest open rollouts and gives its endpoint;
+  `open_rollout` then opens the route on that shard.
+- Engines stay in this process (clawgym_env.proxy.engine_hub): a shard's calls generate with the
+  policy object the trainer made and updates, through the `EngineHub` here.
+- Control calls (open, close, stats, the white-box loop's in-process records) go over a pipe per shard
+  and wait for the shard's answer, so they keep `ServingProxy`'s synchronous API.
+- A shard that dies is counted (`shard_failures`), gets no new rollouts, and its open rollouts' calls are
+  read back from its durable log when they close: nothing it recorded is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import multiprocessing
+import pickle
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.interfaces import Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
+from clawgym_env.proxy.engine_hub import EngineHub, HubEngine, HubLink
+from clawgym_env.proxy.guards import GuardStats
+from clawgym_env.proxy.renderers.base import check_renderer_fits_engine
+from clawgym_env.proxy.rollouts import RolloutStats
+from clawgym_env.records import ModelCall, read_calls
+
+log = logging.getLogger(__name__)
+MAX_PENDING = 10_000  # rollouts given an endpoint but not opened yet, remembered (oldest dropped first)
+SHARD_OPTIONS = (
+    "host",
+    "engine_timeout_s",
+    "fsync",
+    "keep_closed",
+    "guards",
+    "live_streaming",
+    "stream_keepalive_s",
+    "stream_min_gap_s",
+)
+# what a shard's control thread may call on its ServingProxy (anything else is refused)
+SHARD_METHODS = ("close_rollout", "stats", "calls", "record_inprocess_call", "guard_stats", "table_sizes")
+
+
+class ShardDown(RuntimeError):
+    """A proxy shard process died or stopped answering its control pipe."""
+
+
+# ---------------------------------------------------------------------------------------- the shard
+def shard_main(index: int, run_dir: Path, options: dict[str, Any], hub_path: str, conn: Connection) -> None:
+    """A shard process: a `ServingProxy` whose engines are the hub's, driven over `conn` until it closes."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve_shard(index, run_dir, options, hub_path, conn))
+
+
+async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_path: str, conn: Connection) -> None:
+    from clawgym_env.proxy.server import ServingProxy
+
+    loop = asyncio.get_running_loop()
+    link = await HubLink.connect(hub_path)
+    proxy = ServingProxy(run_dir, **options)
+    await proxy.start()
+    policies: dict[int, Policy] = {}
+
+    def handle(message: tuple[Any, ...]) -> Any:
+        op, *args = message
+        if op == "policy":
+            key, renderer, name, max_context, version, abortable = args
+            engine = HubEngine(link, key, version, abortable)
+            policies[key] = Policy(engine=engine, renderer=pickle.loads(renderer), name=name, max_context=max_context)
+            return None
+        if op == "open":
+            rollout_id, key, limits = args
+            return proxy.open_rollout(rollout_id, policies[key], limits)
+        if op == "stop":
+            stopping.set()
+            return None
+        if op not in SHARD_METHODS:
+            raise ValueError(f"proxy shard: unknown control call {op!r}")
+        return getattr(proxy, op)(*args)
+
+    async def run(message: tuple[Any, ...]) -> Any:
+        return handle(message)
+
+    def control() -> None:
+        """Blocks on the pipe in a thread; each request runs on the shard's loop, between its calls."""
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                loop.call_soon_threadsafe(stopping.set)  # the main process is gone
+                return
+            try:
+                answer: tuple[Any, ...] = ("ok", asyncio.run_coroutine_threadsafe(run(message), loop).result())
+            except Exception as exc:  # noqa: BLE001 - raised again in the main process
+                answer = ("error", type(exc).__name__, str(exc))
+            try:
+                conn.send(answer)
+            except (EOFError, OSError):
+                return
+            if message[0] == "stop":
+                return
+
+    stopping = asyncio.Event()
+    conn.send(("ready", proxy.endpoint))
+    threading.Thread(target=control, name=f"clawgym-shard-{index}-control", daemon=True).start()
+    try:
+        await stopping.wait()
+    finally:
+        await proxy.stop()
+        await link.aclose()
+
+
+# ------------------------------------------------------------------------------------ the main side
+@dataclass
+class Shard:
+    index: int
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    log_path: Path
+    endpoint: ProxyEndpoint | None = None
+    policies: set[int] = field(default_factory=set)  # policy keys this shard was sent
+    open_rollouts: set[str] = field(default_factory=set)
+    pending: int = 0  # rollouts given its endpoint that have not opened yet
+    down: str | None = None  # why it is out of service
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ShardedProxy:
+    """N `ServingProxy` processes behind one route table; the same API as `ServingProxy` (see module doc).
+
+    shards: how many processes. proxy_options: `ServingProxy`'s (engine_timeout_s, fsync, guards, ...); `port`
+    None (Unix sockets only) or 0 (each shard also listens on a free loopback port). control_timeout_s: how
+    long a control call waits for a shard before the shard counts as dead.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        shards: int = 2,
+        *,
+        port: int | None = None,
+        control_timeout_s: float = 30.0,
+        start_timeout_s: float = 120.0,
+        **proxy_options: Any,
+    ) -> None:
+        if shards < 1:
+            raise ValueError(f"shards={shards}: a sharded proxy needs at least one shard process")
+        if port not in (None, 0):
+            raise ValueError(f"port={port}: each shard listens on its own port, so pass 0 (free ports) or None")
+        unknown = set(proxy_options) - set(SHARD_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"ShardedProxy does not take {sorted(unknown)}: each shard has its own socket and log; "
+                f"it takes {list(SHARD_OPTIONS)} (public_url: put one ServingProxy behind a tunnel instead)"
+            )
+        self.run_dir = Path(run_dir)
+        self.shard_count = shards
+        self._options = {**proxy_options, "unix_socket": "auto", "port": port}
+        self.control_timeout_s = control_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.keep_closed = int(proxy_options.get("keep_closed", 1024))
+        self.shards: list[Shard] = []
+        self._hub = EngineHub()
+        self._route_table: dict[str, Shard] = {}  # open rollout -> its shard
+        self._pending: collections.OrderedDict[str, Shard] = collections.OrderedDict()  # endpoint given, not open
+        self._limits: dict[str, RolloutLimits] = {}
+        self.shard_failures: collections.Counter[str] = collections.Counter()  # reason -> shards lost to it
+        self.recovered_rollouts = 0  # rollouts of dead shards whose calls were read back from the log
+        self.closed_count = 0
+
+    # ------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        if self.shards:
+            return
+        hub_path = await self._hub.start()
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied loop threads or locks
+        for index in range(self.shard_count):
+            ours, theirs = context.Pipe()
+            run_dir = self.run_dir / f"shard-{index}"
+            process = context.Process(
+                target=shard_main,
+                args=(index, run_dir, self._options, str(hub_path), theirs),
+                name=f"clawgym-proxy-shard-{index}",
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            self.shards.append(Shard(index, process, ours, run_dir / "calls.jsonl"))
+        try:
+            for shard in self.shards:
+                ready = await asyncio.to_thread(self._receive, shard, self.start_timeout_s)
+                shard.endpoint = ready[1]
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("sharded proxy: %d shards at %s", len(self.shards), [str(s.endpoint) for s in self.shards])
+
+    async def stop(self) -> None:
+        for shard in self.shards:
+            if shard.down is None and shard.process.is_alive():
+                with contextlib.suppress(ShardDown):
+                    self._call(shard, "stop", timeout_s=10)
+        for shard in self.shards:
+            await asyncio.to_thread(shard.process.join, 10)
+            if shard.process.is_alive():
+                shard.process.kill()
+                await asyncio.to_thread(shard.process.join, 5)
+            shard.conn.close()
+        self.shards = []
+        await self._hub.stop()
+
+    async def __aenter__(self) -> ShardedProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ----------------------------------------------------------------------------- the control pipe
+    def _receive(self, shard: Shard, timeout_s: float) -> tuple[Any, ...]:
+        deadline = time.monotonic() + timeout_s
+        while not shard.conn.poll(0.05):
+            if not shard.process.is_alive():
+                raise self._lose(shard, f"exited with code {shard.process.exitcode}")
+            if time.monotonic() > deadline:
+                raise self._lose(shard, f"did not answer within {timeout_s:g} s")
+        try:
+            return shard.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise self._lose(shard, f"control pipe broke: {exc!r}") from exc
+
+    def _call(self, shard: Shard, *message: Any, timeout_s: float | None = None) -> Any:
+        if shard.down is not None:
+            raise ShardDown(f"proxy shard {shard.index} is down: {shard.down}")
+        with shard.lock:
+            if not shard.process.is_alive():
+                raise self._lose(shard, f"exited with code {shard.process.exitcode}")
+            try:
+                shard.conn.send(message)
+            except (EOFError, OSError) as exc:
+                raise self._lose(shard, f"control pipe broke: {exc!r}") from exc
+            answer = self._receive(shard, timeout_s or self.control_timeout_s)
+        if answer[0] == "error":
+            _, name, text = answer
+            raise {"KeyError": KeyError, "ValueError": ValueError}.get(name, RuntimeError)(text)
+        return answer[1]
+
+    def _lose(self, shard: Shard, why: str) -> ShardDown:
+        if shard.down is None:
+            shard.down = why
+            self.shard_failures[why.split(":", 1)[0][:80]] += 1
+            log.error(
+                "proxy shard %d is down (%s); its %d open rollouts are read back from %s at close",
+                shard.index,
+                why,
+                len(shard.open_rollouts),
+                shard.log_path,
+            )
+            if shard.process.is_alive():
+                shard.process.kill()
+        return ShardDown(f"proxy shard {shard.index} is down: {why}")
+
+    # -------------------------------------------------------------------------------- rollouts
+    def endpoint_for(self, rollout_id: str) -> ProxyEndpoint:
+        """Where the rollout's sandbox reaches the proxy: the live shard with the fewest rollouts.
+
+        The choice is kept (among the latest `MAX_PENDING` not yet opened) so `open_rollout` opens the
+        route on the shard the sandbox was bound to; a rollout whose sandbox failed never opens, and its
+        entry ages out.
+        """
+        shard = self._route_table.get(rollout_id) or self._pending.get(rollout_id)
+        if shard is None:
+            live = [s for s in self.shards if s.down is None]
+            if not live:
+                why = "; ".join(f"{s.index}: {s.down}" for s in self.shards) or "the proxy is not started"
+                raise ShardDown(f"no live proxy shard ({why})")
+            shard = min(live, key=lambda s: len(s.open_rollouts) + s.pending)
+            self._pending[rollout_id] = shard
+            shard.pending += 1
+            while len(self._pending) > MAX_PENDING:
+                self._pending.popitem(last=False)[1].pending -= 1
+        assert shard.endpoint is not None
+        return shard.endpoint
+
+    def open_rollout(self, rollout_id: str, policy: Policy, limits: RolloutLimits | None = None) -> RolloutRoute:
+        if policy.renderer is None:
+            raise ValueError("policy.renderer is None: pass a renderer, e.g. ChatMLRenderer(load_qwen_tokenizer())")
+        check_renderer_fits_engine(policy.renderer, policy.engine)
+        if rollout_id in self._route_table:
+            raise ValueError(f"rollout {rollout_id!r} was already opened on this proxy; rollout ids must be unique")
+        self.endpoint_for(rollout_id)
+        shard = self._pending.pop(rollout_id)
+        shard.pending -= 1
+        limits = limits or RolloutLimits()
+        try:
+            key = self._hub.register(policy)
+            if key not in shard.policies:
+                abortable = callable(getattr(policy.engine, "abort", None))
+                renderer = pickle.dumps(policy.renderer)
+                self._call(shard, "policy", key, renderer, policy.name, policy.max_context, policy.version, abortable)
+                shard.policies.add(key)
+            route = self._call(shard, "open", rollout_id, key, limits)
+        except BaseException:
+            self._forget(rollout_id)
+            raise
+        self._route_table[rollout_id] = shard
+        shard.open_rollouts.add(rollout_id)
+        self._limits[rollout_id] = limits
+        return route
+
+    def _forget(self, rollout_id: str) -> Shard | None:
+        shard = self._route_table.pop(rollout_id, None)
+        if shard is not None:
+            shard.open_rollouts.discard(rollout_id)
+        self._limits.pop(rollout_id, None)
+        return shard
+
+    def _shard_of(self, rollout_id: str) -> Shard:
+        shard = self._route_table.get(rollout_id)
+        if shard is None:
+            raise KeyError(f"rollout {rollout_id!r} is not open on this proxy; open it with open_rollout() first")
+        return shard
+
+    def close_rollout(self, rollout_id: str) -> list[ModelCall]:
+        """Close the route and return the rollout's calls; a dead shard's are read back from its log."""
+        shard = self._shard_of(rollout_id)
+        try:
+            calls = self._call(shard, "close_rollout", rollout_id)
+        except ShardDown:
+            calls = sorted(read_calls(shard.log_path, rollout_id), key=lambda c: c.call_index)
+            self.recovered_rollouts += 1
+        self._forget(rollout_id)
+        self.closed_count += 1
+        return calls
+
+    def stats(self, rollout_id: str) -> RolloutStats:
+        shard = self._route_table.get(rollout_id)
+        if shard is None:  # closed: ask every live shard (one of them kept it among its latest keep_closed)
+            for candidate in self.shards:
+                with contextlib.suppress(KeyError, ShardDown):
+                    return self._call(candidate, "stats", rollout_id)
+            raise KeyError(f"rollout {rollout_id!r} is unknown to this proxy (closed ones are kept for a while only)")
+        try:
+            return self._call(shard, "stats", rollout_id)
+        except ShardDown as exc:
+            raise KeyError(f"rollout {rollout_id!r}: {exc}") from exc
+
+    def base_url(self, route: RolloutRoute) -> str:
+        """The route on its shard's loopback port (for SDK clients on this machine; start with port=0)."""
+        endpoint = self._shard_of(route.rollout_id).endpoint
+        if endpoint is None or endpoint.port is None:
+            raise RuntimeError("this sharded proxy has no TCP listeners; start it with port=0")
+        return route.base_url(f"http://{endpoint.host}:{endpoint.port}")
+
+    def limits(self, rollout_id: str) -> RolloutLimits:
+        self._shard_of(rollout_id)
+        return self._limits[rollout_id]
+
+    def calls(self, rollout_id: str) -> list[ModelCall]:
+        return self._call(self._shard_of(rollout_id), "calls", rollout_id)
+
+    def record_inprocess_call(self, rollout_id: str, call: ModelCall) -> ModelCall:
+        return self._call(self._shard_of(rollout_id), "record_inprocess_call", rollout_id, call)
+
+    def guard_stats(self) -> GuardStats:
+        """The guards' counts summed over the live shards."""
+        total = GuardStats()
+        for shard in self.shards:
+            with contextlib.suppress(ShardDown):
+                part = self._call(shard, "guard_stats")
+                for name, value in part.model_dump().items():
+                    setattr(total, name, getattr(total, name) + value if name != "open_file_limit" else value)
+        return total
+
+    def table_sizes(self) -> dict[str, int]:
+        sizes = collections.Counter({"open": 0, "closed_stats": 0})
+        for shard in self.shards:
+            with contextlib.suppress(ShardDown):
+                sizes.update(self._call(shard, "table_sizes"))
+        return {**sizes, "route_table": len(self._route_table)}
+
+    def shard_report(self) -> list[dict[str, Any]]:
+        """Each shard: its index, pid, endpoint, open rollouts and, for a dead one, why."""
+        return [
+            {
+                "index": s.index,
+                "pid": s.process.pid,
+                "unix_socket": str(s.endpoint.unix_socket) if s.endpoint else None,
+                "port": s.endpoint.port if s.endpoint else None,
+                "open_rollouts": len(s.open_rollouts),
+                "down": s.down,
+            }
+            for s in self.shards
+        ]
