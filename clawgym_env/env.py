@@ -136,7 +136,12 @@ class ClawGymEnv(gym.Env[dict[str, str], Policy]):
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            self._runtime = Runtime(self.options.run_dir) if self.options.run_dir else Runtime.default()
+            options = self.options
+            if options.proxy_shards > 1 and not options.run_dir:
+                raise ValueError("proxy_shards > 1 needs a run_dir: the shared default runtime has one proxy process")
+            self._runtime = (
+                Runtime(options.run_dir, proxy_shards=options.proxy_shards) if options.run_dir else Runtime.default()
+            )
         return self._runtime
 
     @property

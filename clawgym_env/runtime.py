@@ -64,13 +64,26 @@ class Runtime:
     _default_lock = threading.Lock()
 
     def __init__(
-        self, run_dir: Path | None = None, *, proxy_port: int | None = None, proxy_public_url: str | None = None
+        self,
+        run_dir: Path | None = None,
+        *,
+        proxy_port: int | None = None,
+        proxy_public_url: str | None = None,
+        proxy_shards: int = 1,
     ) -> None:
         """proxy_port: also serve the proxy on this loopback TCP port (0 = any free one); proxy_public_url: where
-        remote sandboxes (Daytona) reach it, e.g. a tunnel to that port (it implies TCP on a free port)."""
+        remote sandboxes (Daytona) reach it, e.g. a tunnel to that port (it implies TCP on a free port).
+        proxy_shards: above 1, the proxy is a `ShardedProxy` of that many processes (for thousands of calls per
+        second; docs/proxy.md), with each shard's call log under `run_dir/shard-K/`."""
+        if proxy_shards > 1 and (proxy_public_url or proxy_port not in (None, 0)):
+            raise ValueError(
+                "proxy_shards > 1 serves each shard on its own socket and free port: it cannot be combined with "
+                "proxy_public_url or a fixed proxy_port (use one shard behind a tunnel for remote sandboxes)"
+            )
         self.run_dir = Path(run_dir) if run_dir else default_run_dir()
         self.proxy_port = 0 if proxy_public_url and proxy_port is None else proxy_port
         self.proxy_public_url = proxy_public_url
+        self.proxy_shards = proxy_shards
         self.failures = FailureCounter()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-runtime", daemon=True)
@@ -110,9 +123,13 @@ class Runtime:
         """The serving proxy of this run, started on first use (Unix socket + loopback port)."""
         async with self._proxy_lock:  # concurrent first rollouts must not start two proxies
             if self._proxy is None:
-                from clawgym_env.proxy import ServingProxy
+                from clawgym_env.proxy import ServingProxy, ShardedProxy
 
-                proxy = ServingProxy(run_dir=self.run_dir, port=self.proxy_port, public_url=self.proxy_public_url)
+                proxy: RolloutProxy = (
+                    ShardedProxy(self.run_dir, self.proxy_shards, port=self.proxy_port)
+                    if self.proxy_shards > 1
+                    else ServingProxy(run_dir=self.run_dir, port=self.proxy_port, public_url=self.proxy_public_url)
+                )
                 await proxy.start()
                 self._proxy = proxy
         return self._proxy

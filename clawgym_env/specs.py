@@ -233,6 +233,9 @@ class EnvOptions(BaseModel):
     rollout_timeout_s: float | None = Field(default=None, gt=0, description="overrides the task's own timeout")
     forest: ForestOptions = Field(default_factory=ForestOptions)
     run_dir: Path | None = None
+    proxy_shards: int = Field(
+        default=1, ge=1, description="proxy processes of this env's own runtime (with run_dir): above 1 a ShardedProxy"
+    )
     keep_workspace: bool = False
 
 

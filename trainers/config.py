@@ -69,6 +69,7 @@ class SandboxSettings(Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     proxy_port: int | None = Field(default=None, ge=0, description="serve the proxy on this TCP port too")
     proxy_public_url: str | None = Field(default=None, description="where remote sandboxes reach the proxy")
+    proxy_shards: int = Field(default=1, ge=1, description="proxy processes (ShardedProxy above 1)")
 
 
 class EvalSettings(Strict):

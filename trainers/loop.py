@@ -388,7 +388,10 @@ def build_rollout_side(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any,
 
     engine = build_engine(cfg, model, tokenizer)
     runtime = Runtime(
-        run_dir / "rollouts", proxy_port=cfg.sandbox.proxy_port, proxy_public_url=cfg.sandbox.proxy_public_url
+        run_dir / "rollouts",
+        proxy_port=cfg.sandbox.proxy_port,
+        proxy_public_url=cfg.sandbox.proxy_public_url,
+        proxy_shards=cfg.sandbox.proxy_shards,
     )
     try:
         envs = build_envs(cfg, runtime, cfg.env.split)

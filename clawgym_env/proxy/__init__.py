@@ -4,6 +4,7 @@ from clawgym_env.proxy.guards import GuardStats, ProxyGuards
 from clawgym_env.proxy.renderers import ChatMLRenderer, Renderer, TemplateMismatch
 from clawgym_env.proxy.rollouts import RolloutStats
 from clawgym_env.proxy.server import ServingProxy
+from clawgym_env.proxy.shards import ShardedProxy
 
 __all__ = [
     "ChatMLRenderer",
@@ -12,5 +13,6 @@ __all__ = [
     "Renderer",
     "RolloutStats",
     "ServingProxy",
+    "ShardedProxy",
     "TemplateMismatch",
 ]

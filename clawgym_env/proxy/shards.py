@@ -24,8 +24,10 @@ import asyncio
 import collections
 import contextlib
 import logging
-import multiprocessing
 import pickle
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.interfaces import Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
-from clawgym_env.proxy.engine_hub import EngineHub, HubEngine, HubLink
+from clawgym_env.proxy.engine_hub import EngineHub
 from clawgym_env.proxy.guards import GuardStats
 from clawgym_env.proxy.renderers.base import check_renderer_fits_engine
 from clawgym_env.proxy.rollouts import RolloutStats
@@ -52,95 +54,24 @@ SHARD_OPTIONS = (
     "stream_keepalive_s",
     "stream_min_gap_s",
 )
-# what a shard's control thread may call on its ServingProxy (anything else is refused)
-SHARD_METHODS = ("close_rollout", "stats", "calls", "record_inprocess_call", "guard_stats", "table_sizes")
 
 
 class ShardDown(RuntimeError):
     """A proxy shard process died or stopped answering its control pipe."""
 
 
-# ---------------------------------------------------------------------------------------- the shard
-def shard_main(index: int, run_dir: Path, options: dict[str, Any], hub_path: str, conn: Connection) -> None:
-    """A shard process: a `ServingProxy` whose engines are the hub's, driven over `conn` until it closes."""
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(_serve_shard(index, run_dir, options, hub_path, conn))
-
-
-async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_path: str, conn: Connection) -> None:
-    from clawgym_env.proxy.server import ServingProxy
-
-    loop = asyncio.get_running_loop()
-    link = await HubLink.connect(hub_path)
-    proxy = ServingProxy(run_dir, **options)
-    await proxy.start()
-    policies: dict[int, Policy] = {}
-
-    def handle(message: tuple[Any, ...]) -> Any:
-        op, *args = message
-        if op == "policy":
-            key, renderer, name, max_context, version, abortable = args
-            engine = HubEngine(link, key, version, abortable)
-            policies[key] = Policy(engine=engine, renderer=pickle.loads(renderer), name=name, max_context=max_context)
-            return None
-        if op == "open":
-            rollout_id, key, limits = args
-            return proxy.open_rollout(rollout_id, policies[key], limits)
-        if op == "stop":
-            stopping.set()
-            return None
-        if op not in SHARD_METHODS:
-            raise ValueError(f"proxy shard: unknown control call {op!r}")
-        return getattr(proxy, op)(*args)
-
-    async def run(message: tuple[Any, ...]) -> Any:
-        return handle(message)
-
-    def control() -> None:
-        """Blocks on the pipe in a thread; each request runs on the shard's loop, between its calls."""
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                loop.call_soon_threadsafe(stopping.set)  # the main process is gone
-                return
-            try:
-                answer: tuple[Any, ...] = ("ok", asyncio.run_coroutine_threadsafe(run(message), loop).result())
-            except Exception as exc:  # noqa: BLE001 - raised again in the main process
-                answer = ("error", type(exc).__name__, str(exc))
-            try:
-                conn.send(answer)
-            except (EOFError, OSError):
-                return
-            if message[0] == "stop":
-                return
-
-    stopping = asyncio.Event()
-    conn.send(("ready", proxy.endpoint))
-    threading.Thread(target=control, name=f"clawgym-shard-{index}-control", daemon=True).start()
-    try:
-        await stopping.wait()
-    finally:
-        await proxy.stop()
-        await link.aclose()
-
-
 # ------------------------------------------------------------------------------------ the main side
 @dataclass
 class Shard:
     index: int
-    process: multiprocessing.process.BaseProcess
+    process: subprocess.Popen[bytes]
     conn: Connection
     log_path: Path
     endpoint: ProxyEndpoint | None = None
     policies: set[int] = field(default_factory=set)  # policy keys this shard was sent
     open_rollouts: set[str] = field(default_factory=set)
     pending: int = 0  # rollouts given its endpoint that have not opened yet
+    assigned: int = 0  # rollouts ever given its endpoint (ties go to the shard given fewest)
     down: str | None = None  # why it is out of service
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -193,19 +124,17 @@ class ShardedProxy:
         if self.shards:
             return
         hub_path = await self._hub.start()
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied loop threads or locks
         for index in range(self.shard_count):
-            ours, theirs = context.Pipe()
-            run_dir = self.run_dir / f"shard-{index}"
-            process = context.Process(
-                target=shard_main,
-                args=(index, run_dir, self._options, str(hub_path), theirs),
-                name=f"clawgym-proxy-shard-{index}",
-                daemon=True,
-            )
-            process.start()
+            # a fresh interpreter (not multiprocessing's spawn, which re-runs the user's __main__ module), and
+            # a socket pair for its control pipe, passed down as an inherited descriptor
+            ours, theirs = socket.socketpair()
+            command = [sys.executable, "-m", "clawgym_env.proxy.shard_process", str(theirs.fileno())]
+            process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
             theirs.close()
-            self.shards.append(Shard(index, process, ours, run_dir / "calls.jsonl"))
+            conn = Connection(ours.detach())
+            run_dir = self.run_dir / f"shard-{index}"
+            self.shards.append(Shard(index, process, conn, run_dir / "calls.jsonl"))
+            conn.send((index, run_dir, self._options, str(hub_path)))
         try:
             for shard in self.shards:
                 ready = await asyncio.to_thread(self._receive, shard, self.start_timeout_s)
@@ -217,14 +146,15 @@ class ShardedProxy:
 
     async def stop(self) -> None:
         for shard in self.shards:
-            if shard.down is None and shard.process.is_alive():
+            if shard.down is None and shard.process.poll() is None:
                 with contextlib.suppress(ShardDown):
                     self._call(shard, "stop", timeout_s=10)
         for shard in self.shards:
-            await asyncio.to_thread(shard.process.join, 10)
-            if shard.process.is_alive():
+            try:
+                await asyncio.to_thread(shard.process.wait, 10)
+            except subprocess.TimeoutExpired:
                 shard.process.kill()
-                await asyncio.to_thread(shard.process.join, 5)
+                await asyncio.to_thread(shard.process.wait, 5)
             shard.conn.close()
         self.shards = []
         await self._hub.stop()
@@ -240,8 +170,8 @@ class ShardedProxy:
     def _receive(self, shard: Shard, timeout_s: float) -> tuple[Any, ...]:
         deadline = time.monotonic() + timeout_s
         while not shard.conn.poll(0.05):
-            if not shard.process.is_alive():
-                raise self._lose(shard, f"exited with code {shard.process.exitcode}")
+            if shard.process.poll() is not None:
+                raise self._lose(shard, f"exited with code {shard.process.returncode}")
             if time.monotonic() > deadline:
                 raise self._lose(shard, f"did not answer within {timeout_s:g} s")
         try:
@@ -253,8 +183,8 @@ class ShardedProxy:
         if shard.down is not None:
             raise ShardDown(f"proxy shard {shard.index} is down: {shard.down}")
         with shard.lock:
-            if not shard.process.is_alive():
-                raise self._lose(shard, f"exited with code {shard.process.exitcode}")
+            if shard.process.poll() is not None:
+                raise self._lose(shard, f"exited with code {shard.process.returncode}")
             try:
                 shard.conn.send(message)
             except (EOFError, OSError) as exc:
@@ -276,13 +206,13 @@ class ShardedProxy:
                 len(shard.open_rollouts),
                 shard.log_path,
             )
-            if shard.process.is_alive():
+            if shard.process.poll() is None:
                 shard.process.kill()
         return ShardDown(f"proxy shard {shard.index} is down: {why}")
 
     # -------------------------------------------------------------------------------- rollouts
     def endpoint_for(self, rollout_id: str) -> ProxyEndpoint:
-        """Where the rollout's sandbox reaches the proxy: the live shard with the fewest rollouts.
+        """Where the rollout's sandbox reaches the proxy: the live shard with the fewest rollouts (in turn).
 
         The choice is kept (among the latest `MAX_PENDING` not yet opened) so `open_rollout` opens the
         route on the shard the sandbox was bound to; a rollout whose sandbox failed never opens, and its
@@ -294,9 +224,10 @@ class ShardedProxy:
             if not live:
                 why = "; ".join(f"{s.index}: {s.down}" for s in self.shards) or "the proxy is not started"
                 raise ShardDown(f"no live proxy shard ({why})")
-            shard = min(live, key=lambda s: len(s.open_rollouts) + s.pending)
+            shard = min(live, key=lambda s: (len(s.open_rollouts) + s.pending, s.assigned))
             self._pending[rollout_id] = shard
             shard.pending += 1
+            shard.assigned += 1
             while len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)[1].pending -= 1
         assert shard.endpoint is not None

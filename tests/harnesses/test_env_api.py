@@ -41,3 +41,25 @@ def test_whitebox_through_make(tmp_path) -> None:
         assert (tmp_path / "run" / "calls.jsonl").read_text().count('"in-process"') == 2
     finally:
         env.close()
+
+
+def test_claude_code_and_whitebox_through_a_sharded_proxy(tmp_path) -> None:
+    """`proxy_shards=2`: each rollout's sandbox is bound to its own shard's socket, Claude Code's calls and the
+    white-box loop's in-process records land on that shard, and the env sees the same rewards and forests."""
+    clawgym_env.register(TaskSuite(name="HarnessShardedSuite", tasks=[write_task("u-write")]))
+    options = {"run_dir": tmp_path / "run", "proxy_shards": 2}
+    claude = clawgym_env.make("HarnessShardedSuite-ClaudeCode", **options, harness_options={"max_retries": 1})
+    whitebox = clawgym_env.make("HarnessShardedSuite-WhiteBox", **options)
+    try:
+        for env, harness in ((claude, "ClaudeCode"), (whitebox, "WhiteBox"), (claude, "ClaudeCode")):
+            env.reset(seed=0)
+            forest, reward, _, _, info = env.step(scripted_policy([write_call(harness, "42"), "Done."]))
+            assert info["status"] == "ok", info["failure"]
+            assert reward == 1.0 and forest.stats.calls == 2 and forest.stats.leaves == 1
+        proxy = claude.runtime.run(claude.runtime.proxy())
+        logged = [(s.log_path.read_text().count('"rollout_id"'), s.log_path.parent.name) for s in proxy.shards]
+        assert sorted(n for n, _ in logged) == [2, 4]  # three rollouts of two calls over two shards
+        assert proxy.table_sizes()["open"] == 0 and proxy.shard_failures == {}
+    finally:
+        claude.close()
+        whitebox.close()

@@ -114,7 +114,7 @@ async def test_a_dead_shard_is_counted_and_its_calls_are_read_back_from_its_log(
     await asyncio.gather(*(drive(sharded, r, "anthropic", stream=True) for r in routes))
     dead = sharded._route_table["x"]
     os.kill(dead.process.pid, signal.SIGKILL)
-    await asyncio.to_thread(dead.process.join, 10)
+    await asyncio.to_thread(dead.process.wait, 10)
 
     calls = sharded.close_rollout("x")  # its shard is gone: from the durable log
     assert [c.call_index for c in calls] == [0, 1, 2] and all(c.generated_ids for c in calls)
@@ -129,7 +129,7 @@ async def test_a_shard_that_died_before_open_refuses_the_route_clearly(tmp_path,
     async with ShardedProxy(tmp_path / "run", shards=1) as proxy:
         proxy.endpoint_for("z")
         os.kill(proxy.shards[0].process.pid, signal.SIGKILL)
-        await asyncio.to_thread(proxy.shards[0].process.join, 10)
+        await asyncio.to_thread(proxy.shards[0].process.wait, 10)
         with pytest.raises(ShardDown, match="shard 0 is down"):
             proxy.open_rollout("z", scripted_policy(["hi"]))
         with pytest.raises(ShardDown, match="no live proxy shard"):
