@@ -527,20 +527,20 @@ async def client(args: argparse.Namespace) -> None:
             next_turn(messages, events)
 
     async def worker(ready: asyncio.Event) -> None:
-        conn: Conn | None = None
+        conns: dict[int, Conn] = {}  # a route may name its own port (a ShardedProxy's shard): one connection each
         await ready.wait()
         while queue:
-            prefix, key = queue.pop()
+            prefix, key, *at = queue.pop()
+            port = at[0] if at else args.port
             try:
-                if conn is None:
-                    conn = Conn(*await asyncio.open_connection("127.0.0.1", args.port, limit=1 << 20))
-                await rollout(conn, prefix, key)
+                if port not in conns:
+                    conns[port] = Conn(*await asyncio.open_connection("127.0.0.1", port, limit=1 << 20))
+                await rollout(conns[port], prefix, key)
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
-                if conn is not None:
-                    conn.writer.close()
-                conn = None
-        if conn is not None:
+                if port in conns:
+                    conns.pop(port).writer.close()
+        for conn in conns.values():
             conn.writer.close()
 
     ready = asyncio.Event()

@@ -11,13 +11,14 @@ The wire: each frame is a 4-byte big-endian length and an orjson object. A shard
 `{"op": "stream" | "generate", "id", "policy", "ids", "sampling", "rid"}`, `{"op": "abort", "id"}` (the
 engine stops and answers what it has) and `{"op": "cancel", "id"}` (the shard no longer wants it); the hub
 answers `{"id", "chunk": [ids, logprobs, finish, version]}`... `{"id", "end": 1}`, `{"id", "gen": {...}}`
-or `{"id", "error": [type name, message], "partial": generation or null}`.
+or `{"id", "error": [type name, message, is a timeout], "partial": generation or null}`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -55,12 +56,18 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 
 class HubEngineError(RuntimeError):
-    """An engine in the hub's process failed; the message starts with the original exception's type name."""
+    """An engine in the hub's process failed: raised in the shard as a subclass named like the original
+    exception (a timeout as a `TimeoutError`), so the call's record reads as it would in one process."""
+
+
+@functools.cache
+def _error_class(name: str, timeout: bool) -> type[Exception]:
+    return type(name, (TimeoutError if timeout else HubEngineError,), {"__module__": __name__})
 
 
 def _error_of(payload: dict[str, Any]) -> Exception:
-    name, message = payload["error"]
-    exc: Exception = TimeoutError(message) if name == "TimeoutError" else HubEngineError(f"{name}: {message}")
+    name, message, timeout = payload["error"]
+    exc = _error_class(name, bool(timeout))(message)
     partial = payload.get("partial")
     exc.generation = Generation.model_validate(partial) if partial else None  # type: ignore[attr-defined]
     return exc
@@ -158,7 +165,7 @@ class EngineHub:
         except Exception as exc:  # noqa: BLE001 - the shard's proxy records it as the call's engine error
             self.failed_calls += 1
             partial = getattr(exc, "generation", None)
-            error = {"id": call_id, "error": [type(exc).__name__, str(exc)]}
+            error = {"id": call_id, "error": [type(exc).__name__, str(exc), isinstance(exc, TimeoutError)]}
             error["partial"] = partial.model_dump() if isinstance(partial, Generation) else None
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(frame(error))
@@ -190,7 +197,7 @@ class HubLink:
         except Exception as exc:  # noqa: BLE001
             self.lost = f"the engine hub connection broke: {exc!r}"
         for call_id, queue in self._waiting.items():
-            queue.put_nowait({"id": call_id, "error": ["ConnectionError", self.lost], "partial": None})
+            queue.put_nowait({"id": call_id, "error": ["ConnectionError", self.lost, False], "partial": None})
 
     def send(self, request: dict[str, Any]) -> tuple[int, asyncio.Queue[dict[str, Any]]]:
         if self.lost is not None:

@@ -143,3 +143,51 @@ def test_bad_options_are_refused_with_what_to_do(tmp_path):
         ShardedProxy(tmp_path, shards=2, port=8080)
     with pytest.raises(ValueError, match="at least one"):
         ShardedProxy(tmp_path, shards=0)
+
+
+# ------------------------------------------- a real engine (tiny Qwen3 on TransformersEngine) through the hub
+@pytest.fixture(scope="module")
+def tiny_model():
+    from clawgym_env.engines.models import load_policy_model
+
+    model, _ = load_policy_model("tiny-qwen3")
+    return model
+
+
+@pytest.fixture
+async def tiny_policy(tiny_model, renderer):
+    from clawgym_env.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(tiny_model, seed=0, max_batch_size=4)
+    yield Policy(engine=engine, renderer=renderer, name="tiny")
+    await engine.aclose()
+
+
+async def test_logprobs_through_a_shard_equal_teacher_forced_recomputation(sharded, tiny_policy, tiny_model):
+    from tests.proxy.test_tiny_model import test_recorded_logprobs_equal_teacher_forced_recomputation as check
+
+    await check(sharded, tiny_policy, tiny_model)
+
+
+async def test_first_event_through_a_shard_arrives_while_this_process_decodes(sharded, tiny_policy, renderer):
+    from tests.proxy.test_live_streaming import test_first_event_arrives_while_the_engine_is_still_decoding as check
+
+    tiny_policy.engine.default_stop_ids = frozenset()
+    await check(sharded, tiny_policy, renderer)
+
+
+async def test_a_client_leaving_a_shard_mid_stream_aborts_the_engine_here_and_keeps_the_partial_ids(
+    sharded, tiny_policy
+):
+    from tests.proxy.test_live_streaming import test_client_leaving_mid_stream_records_the_partial_ids as check
+
+    tiny_policy.engine.default_stop_ids = frozenset()
+    await check(sharded, tiny_policy)
+
+
+async def test_an_engine_timeout_here_is_an_engine_timeout_on_the_shard(sharded, tiny_model, renderer):
+    from tests.proxy.test_live_streaming import (
+        test_engine_failing_mid_stream_ends_it_with_an_error_event_and_records_the_partial_ids as check,
+    )
+
+    await check(sharded, tiny_model, renderer)
