@@ -10,8 +10,9 @@ rendering, splicing, recording, streaming the answer) costs the shard's CPU, not
 The wire: each frame is a 4-byte big-endian length and an orjson object. A shard sends
 `{"op": "stream" | "generate", "id", "policy", "ids", "sampling", "rid"}`, `{"op": "abort", "id"}` (the
 engine stops and answers what it has) and `{"op": "cancel", "id"}` (the shard no longer wants it); the hub
-answers `{"id", "chunk": [ids, logprobs, finish, version]}`... `{"id", "end": 1}`, `{"id", "gen": {...}}`
-or `{"id", "error": [type name, message, is a timeout], "partial": generation or null}`.
+answers `{"id", "chunk": [ids, logprobs, finish, version]}`... (the chunk with a finish reason is the last;
+`{"id", "end": 1}` ends a stream that had none), `{"id", "gen": {...}}` or `{"id", "error": [type name,
+message, is a timeout], "partial": generation or null}`.
 """
 
 from __future__ import annotations
@@ -156,10 +157,13 @@ class EngineHub:
                 )
                 writer.write(frame({"id": call_id, "gen": (await coro).model_dump()}))
                 return
+            finished = False
             async for chunk in stream_tokens(engine, ids, sampling, rid):
                 body = [chunk.token_ids, chunk.logprobs, chunk.finish_reason, chunk.policy_version]
                 writer.write(frame({"id": call_id, "chunk": body}))
-            writer.write(frame({"id": call_id, "end": 1}))
+                finished = chunk.finish_reason is not None  # the last chunk ends the stream: no frame more
+            if not finished:
+                writer.write(frame({"id": call_id, "end": 1}))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the shard's proxy records it as the call's engine error
@@ -286,7 +290,10 @@ class HubEngine:
                 if "chunk" in answer:
                     ids, logprobs, finish, version = answer["chunk"]
                     self.policy_version = max(self.policy_version, version)
+                    ended = finish is not None
                     yield TokenChunk(ids, logprobs, finish, version)
+                    if ended:
+                        return
                     continue
                 ended = True
                 if "error" in answer:
