@@ -2,12 +2,16 @@
 
     .venv/bin/python -m benchmarks.proxy_shards                         # 1 and 2 shards at N = 64, 1000
     .venv/bin/python -m benchmarks.proxy_shards --shards 1,2,4 --levels 1000 --clients 2
+    .venv/bin/python -m benchmarks.proxy_shards --pool 2    # the real path: a VLLMServerPool over 2 stand-ins
 
 The load is `benchmarks.proxy_load`'s (its client processes: each rollout a keep-alive connection making
 `--calls` streamed Chat Completions calls of a tool-calling conversation; the engine its `FastTestEngine`
 double, which costs microseconds, so what is measured is the proxy). This process hosts the proxy: the
 `ServingProxy` itself for 1 shard, or the `ShardedProxy`'s route table and engine hub for K > 1 (the engine
-stays here; the shards' calls reach it through the hub).
+stays here; the shards' calls reach it through the hub). `--pool N`: the engine is a `VLLMServerPool` over N
+`proxy_load` engine servers (the double behind the vLLM token API, in processes of their own; each answer
+one chunk, or `--chunk-tokens K` ids per chunk), what `engine=vllm_server` trains with; the pool's client
+then runs in this process.
 
 Per row: calls/s through the proxy (wall), CPU per call in this process (the engine and, with shards, the
 hub) and in the shards, and the calls per CPU-second of the busiest process: the throughput the proxy would
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -31,7 +36,7 @@ from typing import Any
 import orjson
 
 from benchmarks.proxy_bench import COMPLETIONS
-from benchmarks.proxy_load import FastTestEngine, direct_baseline, use_uvloop
+from benchmarks.proxy_load import FastTestEngine, direct_baseline, remote_engine, use_uvloop
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -105,15 +110,34 @@ def row(r: dict[str, Any]) -> str:
     )
 
 
-async def bench(shard_counts: list[int], levels: list[int], calls: int, clients: int, min_rollouts: int) -> list[dict]:
+async def bench(
+    shard_counts: list[int],
+    levels: list[int],
+    calls: int,
+    clients: int,
+    min_rollouts: int,
+    pool: int = 0,
+    chunk_tokens: int = 0,
+) -> list[dict]:
+    from benchmarks import servers
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy, ShardedProxy
 
     tokenizer = load_qwen_tokenizer()
-    policy = Policy(engine=FastTestEngine(tokenizer, COMPLETIONS), renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
+    processes = []
+    if pool:
+        options = argparse.Namespace(pool=pool, chunk_tokens=chunk_tokens, token_delay_ms=0.0, engine_delay_ms=0.0)
+        engine, processes = await remote_engine(options)
+    else:
+        engine = FastTestEngine(tokenizer, COMPLETIONS)
+    policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="clawgym-proxy-shards-") as tmp:
+    with contextlib.ExitStack() as cleanup, tempfile.TemporaryDirectory(prefix="clawgym-proxy-shards-") as tmp:
+        for process in processes:
+            cleanup.callback(servers.stop, process)
+        if pool:
+            cleanup.callback(engine.close)
         work = Path(tmp)
         for k in shard_counts:
             run_dir = work / f"run-{k}"
@@ -133,6 +157,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--calls", type=int, default=4, help="streamed calls per rollout")
     parser.add_argument("--clients", type=int, default=1, help="client processes")
     parser.add_argument("--min-rollouts", type=int, default=256)
+    parser.add_argument("--pool", type=int, default=0, help="engine: a VLLMServerPool over this many engine servers")
+    parser.add_argument(
+        "--chunk-tokens", type=int, default=0, help="with --pool: ids per streamed chunk (0: one chunk)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     use_uvloop()
@@ -143,6 +171,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             args.calls,
             args.clients,
             args.min_rollouts,
+            args.pool,
+            args.chunk_tokens,
         )
     )
     if args.json:
