@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.proxy_shards                         # 1 and 2 shards at N = 64, 1000
     .venv/bin/python -m benchmarks.proxy_shards --shards 1,2,4 --levels 1000 --clients 2
     .venv/bin/python -m benchmarks.proxy_shards --pool 2    # the real path: a VLLMServerPool over 2 stand-ins
+    .venv/bin/python -m benchmarks.proxy_shards --pool 1 --via-hub   # ... its client in this process only
 
 The load is `benchmarks.proxy_load`'s (its client processes: each rollout a keep-alive connection making
 `--calls` streamed Chat Completions calls of a tool-calling conversation; the engine its `FastTestEngine`
@@ -10,8 +11,9 @@ double, which costs microseconds, so what is measured is the proxy). This proces
 `ServingProxy` itself for 1 shard, or the `ShardedProxy`'s route table and engine hub for K > 1 (the engine
 stays here; the shards' calls reach it through the hub). `--pool N`: the engine is a `VLLMServerPool` over N
 `proxy_load` engine servers (the double behind the vLLM token API, in processes of their own; each answer
-one chunk, or `--chunk-tokens K` ids per chunk), what `engine=vllm_server` trains with; the pool's client
-then runs in this process.
+one chunk, or `--chunk-tokens K` ids per chunk), what `engine=vllm_server` trains with: each shard then runs
+its own client of those servers (`--via-hub`: the pool's client stays in this process, the shards reach it
+through the hub, as for an in-process engine).
 
 Per row: calls/s through the proxy (wall), CPU per call in this process (the engine and, with shards, the
 hub) and in the shards, and the calls per CPU-second of the busiest process: the throughput the proxy would
@@ -118,6 +120,7 @@ async def bench(
     min_rollouts: int,
     pool: int = 0,
     chunk_tokens: int = 0,
+    via_hub: bool = False,
 ) -> list[dict]:
     from benchmarks import servers
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
@@ -141,7 +144,11 @@ async def bench(
         work = Path(tmp)
         for k in shard_counts:
             run_dir = work / f"run-{k}"
-            proxy = ShardedProxy(run_dir, k, port=0) if k > 1 else ServingProxy(run_dir, port=0, unix_socket=None)
+            proxy = (
+                ShardedProxy(run_dir, k, port=0, engines_in_shards=not via_hub)
+                if k > 1
+                else ServingProxy(run_dir, port=0, unix_socket=None)
+            )
             async with proxy:
                 await level(proxy, policy, 8, 16, 2, 1, work)  # warm-up: imports, caches, first connections
                 for n in levels:
@@ -173,6 +180,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             args.min_rollouts,
             args.pool,
             args.chunk_tokens,
+            args.via_hub,
         )
     )
     if args.json:

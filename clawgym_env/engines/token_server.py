@@ -4,7 +4,8 @@ It implements just the token-level subset RemoteEngine uses: vLLM's `POST /v1/co
 token-id prompt (`logprobs`, `return_token_ids`, `return_tokens_as_token_ids`), SGLang's
 `POST /generate` with `input_ids`, plus `GET /v1/models` and `GET /health`; and of vLLM's dev-mode routes
 what `VLLMServerPool` asks of every call (`POST /collective_rpc` with `clawgym_get_policy_version`, one
-result per worker: here one) and `POST /reset_prefix_cache`. Tests and benchmarks use it to exercise
+result per worker: here one), of a weight update (`clawgym_load_weights_from_file`: the file's tensors go
+to the engine's `update_weights` at the version named) and `POST /reset_prefix_cache`. Tests and benchmarks use it to exercise
 RemoteEngine and the pool over real HTTP; it can also serve a TransformersEngine to other machines:
 
     python -m clawgym_env.engines.token_server --model tiny-qwen3 --port 8000
@@ -13,6 +14,7 @@ RemoteEngine and the pool over real HTTP; it can also serve a TransformersEngine
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 import uuid
@@ -78,8 +80,17 @@ def make_token_server(engine: InferenceEngine, model_name: str = "policy", token
 
     @app.post("/collective_rpc")
     async def collective_rpc(body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("method") != "clawgym_get_policy_version":
-            raise HTTPException(400, f"the stand-in runs only clawgym_get_policy_version, not {body.get('method')!r}")
+        method, args = body.get("method"), body.get("args") or []
+        if method == "clawgym_load_weights_from_file":  # the file's tensors to the engine, at the version named
+            from safetensors.torch import load_file
+
+            path, version = args
+            engine.update_weights(await asyncio.to_thread(load_file, path), int(version))
+            return {"results": [None]}
+        if method != "clawgym_get_policy_version":
+            raise HTTPException(
+                400, f"the stand-in runs clawgym_get_policy_version and clawgym_load_weights_from_file, not {method!r}"
+            )
         return {"results": [getattr(engine, "policy_version", 0)]}
 
     @app.post("/reset_prefix_cache")

@@ -20,6 +20,9 @@ in-process engine uses (prefix caching, processed logprobs, ClawGym's worker ext
   goes to the server that served it, whose prefix cache holds that context (`StickyRoutes`: a hash lookup
   per block of the prompt, one entry per rollout, so it holds at any concurrency); other calls go to the live
   server with the fewest calls in flight.
+- Clients elsewhere: a `ShardedProxy` shard runs its own pool over the same servers (`follower_spec`); this
+  pool holds every such follower (its calls end, new ones wait) before it loads weights and releases it at
+  the new version after, so no call of any process spans an update.
 - Failures: a dead server fails only the calls routed to it (counted in `stats.failed_calls`, raised as
   `ServerUnavailable`); new rollouts go to the others; `revive()` (called before each routing of a new
   rollout) takes a restarted server back after bringing its weights up to date.
@@ -39,7 +42,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import httpx
@@ -232,6 +235,17 @@ class _AnsweredBy:
         self.boot = headers.get(BOOT_HEADER)
 
 
+class PoolFollower(Protocol):
+    """A client of the pool's servers in another process (a proxy shard's own `VLLMServerPool`), which the
+    pool holds before it loads weights and releases after (called from a worker thread; each may block)."""
+
+    def hold(self) -> None: ...
+
+    def release(self, version: int, checkpoint: Path | None) -> None: ...
+
+    def report(self) -> list[dict[str, Any]]: ...
+
+
 @dataclass
 class ServerSlot:
     url: str
@@ -312,6 +326,8 @@ class VLLMServerPool:
         self._group: WeightGroup | None = None
         self._group_urls: list[str] = []  # the servers in the group, in rank order
         self._checkpoint_written: asyncio.Task[None] | None = None
+        self.model = model
+        self._followers: list[PoolFollower] = []  # shard clients of these servers, held around weight updates
 
     @classmethod
     def launch(cls, model: str, n: int = 1, *, ready_timeout_s: float = 900.0, **server_options: Any) -> VLLMServerPool:
@@ -545,7 +561,47 @@ class VLLMServerPool:
     def report(self) -> dict[str, Any]:
         """The pool's counts and each server's share of the calls (for a run's summary)."""
         servers = [{"url": s.url, "alive": s.alive, "served": s.served} for s in self.slots]
-        return {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
+        report = {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
+        if self._followers:  # the clients in other processes (proxy shards): their own counts, one report each
+            report["followers"] = [r for f in self._followers for r in f.report()]
+        return report
+
+    # ------------------------------------------------------------------------------ clients elsewhere
+    def follower_spec(self) -> dict[str, Any]:
+        """How another process (a `ShardedProxy` shard) builds its own client of these servers: a pool that
+        never updates weights itself; this pool holds and releases it around each update (`add_follower`)."""
+        options = {"urls": [s.url for s in self.slots], "model": self.model, "timeout_s": self._timeout_s}
+        options |= {"policy_version": self.policy_version, "checkpoint_dir": str(self.checkpoint_dir)}
+        return {"factory": "clawgym_env.engines.vllm_server:VLLMServerPool", "options": options}
+
+    def add_follower(self, follower: PoolFollower) -> None:
+        self._followers.append(follower)
+
+    def remove_follower(self, follower: PoolFollower) -> None:
+        with contextlib.suppress(ValueError):
+            self._followers.remove(follower)
+
+    async def hold(self) -> None:
+        """Pause: new calls wait, and this returns once the calls in flight have ended (what an update does
+        to its own calls, done to a follower by the pool that updates)."""
+        await self._engine_loop.call(self._hold())
+
+    async def _hold(self) -> None:
+        self._resume.clear()
+        await self._idle.wait()
+        for slot in self.slots:
+            slot.life = None
+
+    async def release(self, version: int, checkpoint: str | os.PathLike[str] | None = None) -> None:
+        """Go on at `version` (the servers now serve it); `checkpoint`: the file a restarted server loads."""
+        await self._engine_loop.call(self._release(version, checkpoint))
+
+    async def _release(self, version: int, checkpoint: str | os.PathLike[str] | None) -> None:
+        self.policy_version = version
+        self.latest_checkpoint = Path(checkpoint) if checkpoint else self.latest_checkpoint
+        for slot in self.slots:
+            slot.life = None  # read again in this life: the version it names is the new one
+        self._resume.set()
 
     # ---------------------------------------------------------------------------------------- weights
     async def aupdate_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
@@ -575,11 +631,15 @@ class VLLMServerPool:
         from clawgym_env.engines.vllm_engine import dedup_tied
 
         self._resume.clear()
+        held = False
         try:
             await self._idle.wait()
             for slot in self.slots:
                 slot.life = None  # every server's version is read again before its next call
             started = time.perf_counter()
+            for follower in self._followers:  # clients in other processes: their calls end and wait too
+                await asyncio.to_thread(follower.hold)
+            held = True
             if self._checkpoint_written is not None:
                 await self._checkpoint_written
             path = self.checkpoint_dir / f"policy-v{version}.safetensors"
@@ -609,6 +669,9 @@ class VLLMServerPool:
             self.stats.weight_update_s += time.perf_counter() - started
         finally:
             self._resume.set()
+            if held:
+                for follower in self._followers:
+                    await asyncio.to_thread(follower.release, self.policy_version, self.latest_checkpoint)
 
     async def _write_checkpoint(self, tensors: Mapping[str, Any], path: Path, old: Path | None) -> None:
         from clawgym_env.engines.vllm_engine import save_weights

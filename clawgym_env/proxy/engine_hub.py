@@ -125,7 +125,11 @@ class EngineHub:
             while (request := await read_frame(reader)) is not None:
                 op, call_id = request["op"], request["id"]
                 if op in ("stream", "generate"):
-                    policy = self._policies[request["policy"]]
+                    policy = self._policies.get(request["policy"])
+                    if policy is None:
+                        message = f"the engine hub has no policy {request['policy']!r} (a shard out of step)"
+                        writer.write(frame({"id": call_id, "error": ["KeyError", message, False]}))
+                        continue
                     task = asyncio.create_task(self._run(op, call_id, policy.engine, request, writer))
                     calls[call_id] = (task, policy.engine, request.get("rid"))
                     task.add_done_callback(lambda _t, i=call_id: calls.pop(i, None))

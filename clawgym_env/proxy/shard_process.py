@@ -1,25 +1,34 @@
 """A proxy shard process: `python -m clawgym_env.proxy.shard_process FD`, started by `ShardedProxy`.
 
 It runs one `ServingProxy` on its own socket whose policies generate through the `EngineHub` of the process
-that started it (`HubEngine`), and takes control calls (open, close, stats, ...) over the socket it
-inherited as FD. When that socket closes (the main process stopped it, or died) the shard stops.
+that started it (`HubEngine`), or, for an engine that is a client of servers anyway (`VLLMServerPool`),
+through the shard's own client of the same servers, which follows the caller's weight updates (`hold`,
+`release`). It takes control calls (open, close, stats, ...) over the socket it inherited as FD, each
+`(id, message)` and answered `(id, answer)`; when that socket closes (the caller stopped it, or died) the
+shard stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import pickle
 import sys
 import threading
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from clawgym_env.interfaces import Policy
 from clawgym_env.proxy.engine_hub import HubEngine, HubLink
+from clawgym_env.specs import resolve_callable
 
 # what a shard's control thread may call on its ServingProxy (anything else is refused)
 SHARD_METHODS = ("close_rollout", "stats", "calls", "record_inprocess_call", "guard_stats", "table_sizes")
+# what it may call on a policy's engine when the shard runs its own client of it (`follower_engine`)
+FOLLOWER_METHODS = ("hold", "release", "report")
 
 
 def shard_main(control_fd: int) -> None:
@@ -44,17 +53,22 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
     proxy = ServingProxy(run_dir, **options)
     await proxy.start()
     policies: dict[int, Policy] = {}
+    send_lock = threading.Lock()
+    stopping = asyncio.Event()
 
-    def handle(message: tuple[Any, ...]) -> Any:
-        op, *args = message
+    async def handle(op: str, *args: Any) -> Any:
         if op == "policy":
-            key, renderer, name, max_context, version, abortable = args
-            engine = HubEngine(link, key, version, abortable)
+            key, renderer, name, max_context, version, abortable, engine_spec = args
+            engine = follower_engine(engine_spec) if engine_spec else HubEngine(link, key, version, abortable)
             policies[key] = Policy(engine=engine, renderer=pickle.loads(renderer), name=name, max_context=max_context)
             return None
         if op == "open":
             rollout_id, key, limits = args
             return proxy.open_rollout(rollout_id, policies[key], limits)
+        if op in FOLLOWER_METHODS:  # the caller's engine is updating weights: this shard's own client follows
+            key, *rest = args
+            result = getattr(policies[key].engine, op)(*rest)
+            return await result if inspect.isawaitable(result) else result
         if op == "stop":
             stopping.set()
             return None
@@ -62,36 +76,46 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
             raise ValueError(f"proxy shard: unknown control call {op!r}")
         return getattr(proxy, op)(*args)
 
-    async def run(message: tuple[Any, ...]) -> Any:
-        return handle(message)
+    def reply(call_id: int, answer: tuple[Any, ...]) -> None:
+        with send_lock:
+            try:
+                conn.send((call_id, answer))
+            except (EOFError, OSError):
+                loop.call_soon_threadsafe(stopping.set)
+
+    def answered(call_id: int, done: Future[Any]) -> None:
+        exc = done.exception()
+        reply(call_id, ("ok", done.result()) if exc is None else ("error", type(exc).__name__, str(exc)))
 
     def control() -> None:
-        """Blocks on the pipe in a thread; each request runs on the shard's loop, between its calls."""
+        """Blocks on the socket in a thread; each call runs on the shard's loop, between its HTTP calls, and
+        is answered when it ends (a slow one, such as `hold`, holds up no other)."""
         while True:
             try:
-                message = conn.recv()
+                call_id, message = conn.recv()
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(stopping.set)  # the main process is gone
                 return
-            try:
-                answer: tuple[Any, ...] = ("ok", asyncio.run_coroutine_threadsafe(run(message), loop).result())
-            except Exception as exc:  # noqa: BLE001 - raised again in the main process
-                answer = ("error", type(exc).__name__, str(exc))
-            try:
-                conn.send(answer)
-            except (EOFError, OSError):
-                return
-            if message[0] == "stop":
-                return
+            done = asyncio.run_coroutine_threadsafe(handle(*message), loop)
+            done.add_done_callback(functools.partial(answered, call_id))
 
-    stopping = asyncio.Event()
-    conn.send(("ready", proxy.endpoint))
+    reply(0, ("ok", proxy.endpoint))
     threading.Thread(target=control, name=f"clawgym-shard-{index}-control", daemon=True).start()
     try:
         await stopping.wait()
     finally:
         await proxy.stop()
         await link.aclose()
+        for policy in policies.values():
+            close = getattr(policy.engine, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def follower_engine(spec: dict[str, Any]) -> Any:
+    """A shard's own client of the caller's engine (`engine.follower_spec()`: `factory` names the class)."""
+    factory = resolve_callable(spec["factory"])
+    return factory(**spec["options"])
 
 
 if __name__ == "__main__":

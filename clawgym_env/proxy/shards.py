@@ -11,9 +11,12 @@ rollout's earlier calls (splicing, the prefix check, budgets) stays in one proce
   `endpoint_for(rollout_id)` picks the live shard with the fewest open rollouts and gives its endpoint;
   `open_rollout` then opens the route on that shard.
 - Engines stay in this process (clawgym_env.proxy.engine_hub): a shard's calls generate with the
-  policy object the trainer made and updates, through the `EngineHub` here.
-- Control calls (open, close, stats, the white-box loop's in-process records) go over a pipe per shard
-  and wait for the shard's answer, so they keep `ServingProxy`'s synchronous API.
+  policy object the trainer made and updates, through the `EngineHub` here. An engine that is a client of
+  servers anyway (`VLLMServerPool`) gets a client in each shard instead (`follower_spec`), which the
+  engine holds and releases around its weight updates (`ShardsFollowing`).
+- Control calls (open, close, stats, the white-box loop's in-process records) go over a socket per shard
+  and wait for the shard's answer, so they keep `ServingProxy`'s synchronous API; each carries an id, so
+  calls from several threads do not wait behind each other.
 - A shard that dies is counted (`shard_failures`), gets no new rollouts, and its open rollouts' calls are
   read back from its durable log when they close: nothing it recorded is lost.
 """
@@ -23,13 +26,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
+import os
 import pickle
 import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -60,7 +67,14 @@ class ShardDown(RuntimeError):
     """A proxy shard process died or stopped answering its control pipe."""
 
 
-# ------------------------------------------------------------------------------------ the main side
+def _same_code_env() -> dict[str, str]:
+    """The environment with this checkout first on PYTHONPATH: a shard runs the code its caller runs,
+    whatever its working directory and whatever else is installed."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
 @dataclass
 class Shard:
     index: int
@@ -73,7 +87,25 @@ class Shard:
     pending: int = 0  # rollouts given its endpoint that have not opened yet
     assigned: int = 0  # rollouts ever given its endpoint (ties go to the shard given fewest)
     down: str | None = None  # why it is out of service
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    waiting: dict[int, Future[tuple[Any, ...]]] = field(default_factory=dict)  # control calls sent, by id
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def read_answers(self) -> None:
+        """The shard's answers, each to the control call that waits for it (a thread per shard: calls from
+        several threads, a slow one such as `hold` among them, do not wait behind each other)."""
+        why = "control socket closed"
+        try:
+            while True:
+                call_id, answer = self.conn.recv()
+                future = self.waiting.pop(call_id, None)
+                if future is not None:
+                    future.set_result(answer)
+        except (EOFError, OSError) as exc:
+            why = f"control socket closed ({type(exc).__name__})"
+        for future in list(self.waiting.values()):
+            future.set_result(("lost", why))
+        self.waiting.clear()
 
 
 class ShardedProxy:
@@ -81,7 +113,9 @@ class ShardedProxy:
 
     shards: how many processes. proxy_options: `ServingProxy`'s (engine_timeout_s, fsync, guards, ...); `port`
     None (Unix sockets only) or 0 (each shard also listens on a free loopback port). control_timeout_s: how
-    long a control call waits for a shard before the shard counts as dead.
+    long a control call waits for a shard before the shard counts as dead. engines_in_shards: an engine that
+    is a client of servers anyway (`VLLMServerPool`: `follower_spec()`) gets a client in each shard, so its
+    client's CPU is spread over the shards too; False: every shard generates through the hub.
     """
 
     def __init__(
@@ -92,6 +126,7 @@ class ShardedProxy:
         port: int | None = None,
         control_timeout_s: float = 30.0,
         start_timeout_s: float = 120.0,
+        engines_in_shards: bool = True,
         **proxy_options: Any,
     ) -> None:
         if shards < 1:
@@ -118,31 +153,51 @@ class ShardedProxy:
         self.shard_failures: collections.Counter[str] = collections.Counter()  # reason -> shards lost to it
         self.recovered_rollouts = 0  # rollouts of dead shards whose calls were read back from the log
         self.closed_count = 0
+        self.engines_in_shards = engines_in_shards
+        self._following: dict[int, tuple[Any, ShardsFollowing]] = {}  # policy key -> (its engine, what it tells)
 
     # ------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         if self.shards:
             return
         hub_path = await self._hub.start()
+        readies: list[Future[tuple[Any, ...]]] = []
         for index in range(self.shard_count):
             # a fresh interpreter (not multiprocessing's spawn, which re-runs the user's __main__ module), and
             # a socket pair for its control pipe, passed down as an inherited descriptor
             ours, theirs = socket.socketpair()
             command = [sys.executable, "-m", "clawgym_env.proxy.shard_process", str(theirs.fileno())]
-            process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
+            process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=_same_code_env())
             theirs.close()
             conn = Connection(ours.detach())
             run_dir = self.run_dir / f"shard-{index}"
-            self.shards.append(Shard(index, process, conn, run_dir / "calls.jsonl"))
+            shard = Shard(index, process, conn, run_dir / "calls.jsonl")
+            shard.waiting[0] = ready = Future()  # the shard's first answer (id 0): its endpoint, once it listens
+            threading.Thread(target=shard.read_answers, name=f"clawgym-shard-{index}-answers", daemon=True).start()
             conn.send((index, run_dir, self._options, str(hub_path)))
+            self.shards.append(shard)
+            readies.append(ready)
         try:
-            for shard in self.shards:
-                ready = await asyncio.to_thread(self._receive, shard, self.start_timeout_s)
-                shard.endpoint = ready[1]
+            for shard, ready in zip(self.shards, readies):
+                shard.endpoint = await asyncio.to_thread(self._wait_ready, shard, ready)
         except BaseException:
             await self.stop()
             raise
         log.info("sharded proxy: %d shards at %s", len(self.shards), [str(s.endpoint) for s in self.shards])
+
+    def _wait_ready(self, shard: Shard, ready: Future[tuple[Any, ...]]) -> ProxyEndpoint:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                answer = ready.result(timeout=0.1)
+            except FutureTimeout:
+                answer = None
+            if answer is not None and answer[0] == "ok":
+                return answer[1]
+            if answer is not None or shard.process.poll() is not None:
+                raise self._lose(shard, f"did not start: exited with code {shard.process.wait(timeout=5)}")
+            if time.monotonic() > deadline:
+                raise self._lose(shard, f"did not start within {self.start_timeout_s:g} s")
 
     async def stop(self) -> None:
         for shard in self.shards:
@@ -157,6 +212,9 @@ class ShardedProxy:
                 await asyncio.to_thread(shard.process.wait, 5)
             shard.conn.close()
         self.shards = []
+        for engine, following in self._following.values():
+            engine.remove_follower(following)
+        self._following.clear()
         await self._hub.stop()
 
     async def __aenter__(self) -> ShardedProxy:
@@ -167,33 +225,40 @@ class ShardedProxy:
         await self.stop()
 
     # ----------------------------------------------------------------------------- the control pipe
-    def _receive(self, shard: Shard, timeout_s: float) -> tuple[Any, ...]:
-        deadline = time.monotonic() + timeout_s
-        while not shard.conn.poll(0.05):
-            if shard.process.poll() is not None:
-                raise self._lose(shard, f"exited with code {shard.process.returncode}")
-            if time.monotonic() > deadline:
-                raise self._lose(shard, f"did not answer within {timeout_s:g} s")
-        try:
-            return shard.conn.recv()
-        except (EOFError, OSError) as exc:
-            raise self._lose(shard, f"control pipe broke: {exc!r}") from exc
-
     def _call(self, shard: Shard, *message: Any, timeout_s: float | None = None) -> Any:
+        """Send a control call to the shard and wait for its answer (from any thread)."""
         if shard.down is not None:
             raise ShardDown(f"proxy shard {shard.index} is down: {shard.down}")
-        with shard.lock:
-            if shard.process.poll() is not None:
-                raise self._lose(shard, f"exited with code {shard.process.returncode}")
+        if shard.process.poll() is not None:
+            raise self._lose(shard, f"exited with code {shard.process.returncode}")
+        call_id, answer = next(shard.ids), Future()
+        shard.waiting[call_id] = answer
+        try:
+            with shard.send_lock:
+                shard.conn.send((call_id, message))
+        except (EOFError, OSError) as exc:
+            shard.waiting.pop(call_id, None)
+            raise self._lose(shard, f"control socket broke: {exc!r}") from exc
+        deadline = time.monotonic() + (timeout_s or self.control_timeout_s)
+        while True:
             try:
-                shard.conn.send(message)
-            except (EOFError, OSError) as exc:
-                raise self._lose(shard, f"control pipe broke: {exc!r}") from exc
-            answer = self._receive(shard, timeout_s or self.control_timeout_s)
-        if answer[0] == "error":
-            _, name, text = answer
+                result = answer.result(timeout=0.5)
+                break
+            except FutureTimeout:
+                if shard.process.poll() is not None:
+                    raise self._lose(shard, f"exited with code {shard.process.returncode}") from None
+                if time.monotonic() > deadline:
+                    shard.waiting.pop(call_id, None)
+                    raise self._lose(
+                        shard, f"did not answer {message[0]!r} within {timeout_s or self.control_timeout_s:g} s"
+                    ) from None
+        if result[0] == "lost":
+            code = shard.process.wait(timeout=5) if shard.process.poll() is None else shard.process.returncode
+            raise self._lose(shard, f"exited with code {code}" if code is not None else result[1])
+        if result[0] == "error":
+            _, name, text = result
             raise {"KeyError": KeyError, "ValueError": ValueError}.get(name, RuntimeError)(text)
-        return answer[1]
+        return result[1]
 
     def _lose(self, shard: Shard, why: str) -> ShardDown:
         if shard.down is None:
@@ -248,7 +313,9 @@ class ShardedProxy:
             if key not in shard.policies:
                 abortable = callable(getattr(policy.engine, "abort", None))
                 renderer = pickle.dumps(policy.renderer)
-                self._call(shard, "policy", key, renderer, policy.name, policy.max_context, policy.version, abortable)
+                spec = self._follower_spec(key, policy.engine)
+                args = (key, renderer, policy.name, policy.max_context, policy.version, abortable, spec)
+                self._call(shard, "policy", *args)
                 shard.policies.add(key)
             route = self._call(shard, "open", rollout_id, key, limits)
         except BaseException:
@@ -258,6 +325,19 @@ class ShardedProxy:
         shard.open_rollouts.add(rollout_id)
         self._limits[rollout_id] = limits
         return route
+
+    def _follower_spec(self, key: int, engine: Any) -> dict[str, Any] | None:
+        """How a shard builds its own client of `engine`, if it is a client of servers anyway and
+        `engines_in_shards` is on; the engine is then told to hold and release the shards around its weight
+        updates (`ShardsFollowing`). None: the shard generates through the hub."""
+        follower_spec = getattr(engine, "follower_spec", None)
+        if not self.engines_in_shards or not callable(follower_spec):
+            return None
+        if key not in self._following:
+            following = ShardsFollowing(self, key)
+            engine.add_follower(following)
+            self._following[key] = (engine, following)
+        return follower_spec()
 
     def _forget(self, rollout_id: str) -> Shard | None:
         shard = self._route_table.pop(rollout_id, None)
@@ -343,3 +423,29 @@ class ShardedProxy:
             }
             for s in self.shards
         ]
+
+
+class ShardsFollowing:
+    """Told by an engine with shard clients (`VLLMServerPool.add_follower`) around each weight update: `hold`
+    pauses each shard's client once its calls in flight end (new calls wait), `release` lets them go on at
+    the new version. Called from the engine's own thread; a dead shard is skipped."""
+
+    def __init__(self, proxy: ShardedProxy, key: int) -> None:
+        self.proxy, self.key = proxy, key
+
+    def _each(self, op: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        answers = []
+        for shard in list(self.proxy.shards):
+            if self.key in shard.policies and shard.down is None:
+                with contextlib.suppress(ShardDown):
+                    answers.append(self.proxy._call(shard, op, self.key, *args, timeout_s=timeout_s))
+        return answers
+
+    def hold(self) -> None:
+        self._each("hold", timeout_s=float(self.proxy._options.get("engine_timeout_s", 600.0)) + 60)
+
+    def release(self, version: int, checkpoint: Path | None) -> None:
+        self._each("release", version, checkpoint)
+
+    def report(self) -> list[dict[str, Any]]:
+        return self._each("report")
