@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--chunk-tokens", type=int, default=0, help="with --pool: ids per streamed chunk (0: one chunk)"
     )
+    parser.add_argument("--via-hub", action="store_true", help="with --pool: shards reach the pool through the hub")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     use_uvloop()
