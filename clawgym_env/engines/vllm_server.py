@@ -286,7 +286,9 @@ class VLLMServerPool:
         broadcast_backend: Backend | None = None,
         broadcast_host: str = "127.0.0.1",
         broadcast_timeout_s: float = 120.0,
+        down: Sequence[str] = (),
     ) -> None:
+        """down: servers to start as lost (a follower of a pool that lost them; `revive` takes them back)."""
         if weight_transfer not in ("disk", "broadcast"):
             raise ValueError(f"weight_transfer must be 'disk' or 'broadcast', got {weight_transfer!r}")
         if not urls:
@@ -299,6 +301,8 @@ class VLLMServerPool:
             )
             for url in urls
         ]
+        for slot in self.slots:
+            slot.alive = slot.url not in down
         # without a shared folder the checkpoints go to a temporary one, removed on close or at exit (each
         # holds a full model: gigabytes per run otherwise left behind in /tmp)
         self._temp_dir = None if checkpoint_dir else tempfile.TemporaryDirectory(prefix="clawgym-weights-")
@@ -572,6 +576,7 @@ class VLLMServerPool:
         never updates weights itself; this pool holds and releases it around each update (`add_follower`)."""
         options = {"urls": [s.url for s in self.slots], "model": self.model, "timeout_s": self._timeout_s}
         options |= {"policy_version": self.policy_version, "checkpoint_dir": str(self.checkpoint_dir)}
+        options["down"] = [s.url for s in self.slots if not s.alive]  # it takes them back as this pool does
         return {"factory": "clawgym_env.engines.vllm_server:VLLMServerPool", "options": options}
 
     def add_follower(self, follower: PoolFollower) -> None:

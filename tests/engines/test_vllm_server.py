@@ -221,3 +221,45 @@ async def test_broadcast_regroups_without_a_server_that_died(pool, qwen_tok, hf_
     assert pool.stats.broadcast_failures == 1 and pool._group is not None and pool._group.world_size == 2
     assert await pool.server_version(pool.slots[0].url) == 5
     await check_serves(pool, qwen_tok, hf_model, 5, "regrouped")
+
+
+async def test_proxy_shards_run_their_own_clients_and_follow_an_update(pool, qwen_tok, hf_model, tmp_path):
+    """A `ShardedProxy` over this pool: each shard reaches the real servers with its own client (started
+    knowing which server is down), the calls' logprobs are the model's, and a weight update here holds the
+    shards and lets them go on at the new version."""
+    import httpx
+
+    from clawgym_env.interfaces import Policy
+    from clawgym_env.proxy import ChatMLRenderer, ShardedProxy
+
+    pool.weight_transfer = "disk"
+    version, main_calls = pool.policy_version, pool.stats.calls
+    policy = Policy(engine=pool, renderer=ChatMLRenderer(qwen_tok))
+
+    async def chat(proxy, route, turn: int) -> None:
+        body = {"model": "policy", "messages": [{"role": "user", "content": f"List the files, {turn}."}]}
+        async with httpx.AsyncClient(base_url=proxy.base_url(route), timeout=120) as client:
+            answer = await client.post(
+                "/v1/chat/completions", json={**body, "max_tokens": 8}, headers={"x-api-key": route.api_key}
+            )
+        assert answer.status_code == 200, answer.text
+
+    def check_logprobs(calls) -> None:
+        for call in calls:
+            want = teacher_forced(hf_model, call.prompt_ids, call.generated_ids)
+            assert max(abs(a - b) for a, b in zip(call.logprobs, want)) < FLOAT32_TOLERANCE
+
+    async with ShardedProxy(tmp_path / "run", shards=2, port=0) as proxy:
+        routes = [proxy.open_rollout(f"shard-{i}", policy) for i in range(2)]
+        await asyncio.gather(*(chat(proxy, r, 0) for r in routes))
+        check_logprobs([c for r in routes for c in proxy.calls(r.rollout_id)])
+        perturb(hf_model, 0.95)
+        await pool.aupdate_weights(hf_model.state_dict(), version + 1)
+        await asyncio.gather(*(chat(proxy, r, 1) for r in routes))
+        calls = [proxy.close_rollout(r.rollout_id) for r in routes]
+        check_logprobs([rollout[1] for rollout in calls])
+        report = pool.report()
+    assert [[c.policy_version for c in rollout] for rollout in calls] == [[version, version + 1]] * 2
+    assert pool.stats.calls == main_calls  # every call went through a shard's own client
+    assert sum(f["calls"] for f in report["followers"]) == 4
+    assert all(f["failed_calls"] == 0 for f in report["followers"])
