@@ -37,6 +37,25 @@ def renderer(tokenizer):
     return ChatMLRenderer(tokenizer)
 
 
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A real (tiny, random) Qwen3 model, loaded once."""
+    from clawgym_env.engines.models import load_policy_model
+
+    model, _ = load_policy_model("tiny-qwen3")
+    return model
+
+
+@pytest.fixture
+async def tiny_policy(tiny_model, renderer):
+    """The tiny model on a TransformersEngine of its own (closed after the test)."""
+    from clawgym_env.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(tiny_model, seed=0, max_batch_size=4)
+    yield Policy(engine=engine, renderer=renderer, name="tiny")
+    await engine.aclose()
+
+
 @pytest.fixture
 def scripted_policy(tokenizer, renderer):
     def make(completions, name: str = "policy", max_context: int = 32_768) -> Policy:

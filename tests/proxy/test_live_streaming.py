@@ -21,7 +21,6 @@ import httpx
 import openai
 import pytest
 
-from clawgym_env.engines.models import load_policy_model
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.transformers_engine import TransformersEngine
 from clawgym_env.interfaces import Policy, RolloutLimits
@@ -29,12 +28,6 @@ from clawgym_env.proxy.streaming import StreamSplitter
 from tests.proxy.conftest import LS_SCHEMA, WRITE_SCHEMA, tagged
 
 TOKENS = 64
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    model, _ = load_policy_model("tiny-qwen3")
-    return model
 
 
 @pytest.fixture

@@ -146,23 +146,6 @@ def test_bad_options_are_refused_with_what_to_do(tmp_path):
 
 
 # ------------------------------------------- a real engine (tiny Qwen3 on TransformersEngine) through the hub
-@pytest.fixture(scope="module")
-def tiny_model():
-    from clawgym_env.engines.models import load_policy_model
-
-    model, _ = load_policy_model("tiny-qwen3")
-    return model
-
-
-@pytest.fixture
-async def tiny_policy(tiny_model, renderer):
-    from clawgym_env.engines.transformers_engine import TransformersEngine
-
-    engine = TransformersEngine(tiny_model, seed=0, max_batch_size=4)
-    yield Policy(engine=engine, renderer=renderer, name="tiny")
-    await engine.aclose()
-
-
 async def test_logprobs_through_a_shard_equal_teacher_forced_recomputation(sharded, tiny_policy, tiny_model):
     from tests.proxy.test_tiny_model import test_recorded_logprobs_equal_teacher_forced_recomputation as check
 

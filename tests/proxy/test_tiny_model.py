@@ -13,22 +13,7 @@ import openai
 import pytest
 import torch
 
-from clawgym_env.engines.models import load_policy_model
-from clawgym_env.engines.transformers_engine import TransformersEngine
-from clawgym_env.interfaces import Policy, RolloutLimits
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    model, _ = load_policy_model("tiny-qwen3")
-    return model
-
-
-@pytest.fixture
-async def tiny_policy(tiny_model, renderer):
-    engine = TransformersEngine(tiny_model, seed=0, max_batch_size=4)
-    yield Policy(engine=engine, renderer=renderer, name="tiny")
-    await engine.aclose()
+from clawgym_env.interfaces import RolloutLimits
 
 
 def teacher_forced_logprobs(model, prompt_ids: list[int], generated_ids: list[int]) -> list[float]:
