@@ -310,6 +310,7 @@ class VLLMServerPool:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.latest_checkpoint: Path | None = None
         self.policy_version = policy_version
+        self.served_version = policy_version  # that of the last weight update that finished
         self.routes: StickyRoutes[ServerSlot] = StickyRoutes()  # which server holds each rollout's context
         self.servers = list(servers)  # the processes this pool started (closed with it)
         self.stats = PoolStats()
@@ -575,7 +576,9 @@ class VLLMServerPool:
         """How another process (a `ShardedProxy` shard) builds its own client of these servers: a pool that
         never updates weights itself; this pool holds and releases it around each update (`add_follower`)."""
         options = {"urls": [s.url for s in self.slots], "model": self.model, "timeout_s": self._timeout_s}
-        options |= {"policy_version": self.policy_version, "checkpoint_dir": str(self.checkpoint_dir)}
+        # the version of the last finished update: one made during an update must not load a checkpoint older
+        # than the version it is asked for (the update's own file is not written yet)
+        options |= {"policy_version": self.served_version, "checkpoint_dir": str(self.checkpoint_dir)}
         options["down"] = [s.url for s in self.slots if not s.alive]  # it takes them back as this pool does
         return {"factory": "clawgym_env.engines.vllm_server:VLLMServerPool", "options": options}
 
@@ -636,7 +639,6 @@ class VLLMServerPool:
         from clawgym_env.engines.vllm_engine import dedup_tied
 
         self._resume.clear()
-        held = False
         try:
             await self._idle.wait()
             for slot in self.slots:
@@ -644,7 +646,6 @@ class VLLMServerPool:
             started = time.perf_counter()
             for follower in self._followers:  # clients in other processes: their calls end and wait too
                 await asyncio.to_thread(follower.hold)
-            held = True
             if self._checkpoint_written is not None:
                 await self._checkpoint_written
             path = self.checkpoint_dir / f"policy-v{version}.safetensors"
@@ -672,11 +673,11 @@ class VLLMServerPool:
                         self._lose(slot)
             self.stats.weight_updates += 1
             self.stats.weight_update_s += time.perf_counter() - started
+            self.served_version = version
         finally:
             self._resume.set()
-            if held:
-                for follower in self._followers:
-                    await asyncio.to_thread(follower.release, self.policy_version, self.latest_checkpoint)
+            for follower in self._followers:  # also after a failed update: no follower stays held
+                await asyncio.to_thread(follower.release, self.policy_version, self.latest_checkpoint)
 
     async def _write_checkpoint(self, tensors: Mapping[str, Any], path: Path, old: Path | None) -> None:
         from clawgym_env.engines.vllm_engine import save_weights
