@@ -154,6 +154,7 @@ class ShardedProxy:
         self.recovered_rollouts = 0  # rollouts of dead shards whose calls were read back from the log
         self.closed_count = 0
         self.engines_in_shards = engines_in_shards
+        self._stopping = False
         self._following: dict[int, tuple[Any, ShardsFollowing]] = {}  # policy key -> (its engine, what it tells)
 
     # ------------------------------------------------------------------------------- lifecycle
@@ -200,6 +201,7 @@ class ShardedProxy:
                 raise self._lose(shard, f"did not start within {self.start_timeout_s:g} s")
 
     async def stop(self) -> None:
+        self._stopping = True  # shards that go now are not failures
         for shard in self.shards:
             if shard.down is None and shard.process.poll() is None:
                 with contextlib.suppress(ShardDown):
@@ -216,6 +218,7 @@ class ShardedProxy:
             engine.remove_follower(following)
         self._following.clear()
         await self._hub.stop()
+        self._stopping = False
 
     async def __aenter__(self) -> ShardedProxy:
         await self.start()
@@ -263,7 +266,8 @@ class ShardedProxy:
     def _lose(self, shard: Shard, why: str) -> ShardDown:
         if shard.down is None:
             shard.down = why
-            self.shard_failures[why.split(":", 1)[0][:80]] += 1
+            if not self._stopping:
+                self.shard_failures[why.split(":", 1)[0][:80]] += 1
             log.error(
                 "proxy shard %d is down (%s); its %d open rollouts are read back from %s at close",
                 shard.index,

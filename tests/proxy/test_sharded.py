@@ -22,10 +22,13 @@ from tests.proxy.test_sdk_roundtrip import DRIVERS, SCRIPT, client_for, tool_nam
 async def sharded(tmp_path):
     proxy = ShardedProxy(tmp_path / "run", shards=2, port=0)
     await proxy.start()
+    failures = None
     try:
         yield proxy
     finally:
+        failures = dict(proxy.shard_failures)
         await proxy.stop()
+    assert dict(proxy.shard_failures) == failures  # stopping is no failure
 
 
 async def drive(proxy, route, api: str, stream: bool) -> list:
