@@ -206,7 +206,7 @@ def calls(
     find_calls_file = load("clawgym_env.trajectory.inspect", "find_calls_file", "the call log reader")
     read_calls = load("clawgym_env.records", "read_calls", "the call log reader")
     record_line = load("clawgym_env.records", "record_line", "the call log reader")
-    reader = read_calls(find_calls_file(run_dir), rollout)
+    reader = read_calls(find_calls_file(run_dir, rollout), rollout)
     out = sys.stdout.buffer
     for call in reader:
         out.write(record_line(call))

@@ -241,8 +241,9 @@ def render_html(forest: TrajectoryForest, decode: Decode | None = None) -> str:
     return f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>{_CSS}</style></head><body>{"".join(parts)}</body></html>'
 
 
-def find_calls_file(path: Path) -> Path:
-    """A calls.jsonl, given it or the run directory that holds it."""
+def find_calls_file(path: Path, rollout_id: str | None = None) -> Path:
+    """A calls.jsonl, given it or the run directory that holds it; with `rollout_id`, the one that holds that
+    rollout (a sharded proxy's run has one per shard: `shard-K/calls.jsonl`)."""
     path = Path(path)
     if path.is_file():
         return path
@@ -256,6 +257,8 @@ def find_calls_file(path: Path) -> Path:
         raise FileNotFoundError(
             f"no calls.jsonl under {path}: pass the run directory of a recorded run or the file itself"
         )
+    if rollout_id is not None and len(found) > 1:
+        return next((f for f in found if rollout_id in rollout_ids(f)), found[0])
     return found[0]
 
 
@@ -286,7 +289,7 @@ def inspect_run(
     `path` is a run directory or its calls.jsonl; `rollout_id` defaults to the first rollout recorded.
     The page goes to `out_dir` (default: an `inspect/` folder next to the calls file).
     """
-    calls_file = find_calls_file(Path(path))
+    calls_file = find_calls_file(Path(path), rollout_id)
     ids = rollout_ids(calls_file)
     if not ids:
         raise ValueError(f"{calls_file} holds no complete call")

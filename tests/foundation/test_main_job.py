@@ -77,3 +77,14 @@ def test_report_lists_failure_reasons(tmp_path):
     console = Console(record=True, width=200)
     console.print(render_report(report))
     assert "failure: sandbox: SandboxError: did not start" in console.export_text()
+
+
+def test_main_job_quick_through_a_sharded_proxy(tmp_path):
+    """`sandbox.proxy_shards=2`: pi's calls go to two proxy processes, each writing its own log, while the
+    engine (and its weight updates) stays in the trainer's process."""
+    run_dir = tmp_path / "main"
+    _, report = run_quick_main(run_dir, "sandbox.proxy_shards=2")
+    assert report["rollouts"] == 4 and report["tree"]["calls"] >= 4
+    logs = sorted((run_dir / "rollouts").glob("shard-*/calls.jsonl"))
+    assert len(logs) == 2 and all(log.read_text().count('"rollout_id"') >= 2 for log in logs)
+    assert not (run_dir / "rollouts" / "calls.jsonl").exists()  # no call went through a proxy of its own

@@ -60,3 +60,15 @@ def test_inspect_run_says_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no calls.jsonl"):
         (tmp_path / "empty").mkdir()
         inspect_run(tmp_path / "empty", None)
+
+
+def test_inspect_finds_a_rollout_in_a_sharded_proxys_run(tmp_path: Path) -> None:
+    """A `ShardedProxy` writes one log per shard (`shard-K/calls.jsonl`): a rollout is read from its shard's."""
+    run = tmp_path / "run"
+    for shard, rid in enumerate(("first", "second")):
+        with CallLog(run / f"shard-{shard}" / "calls.jsonl") as log:
+            for call in synthetic_rollout(shard, rollout_id=rid, turns=3).calls:
+                log.append(call)
+    text, _ = inspect_run(run, "second")
+    assert "rollout second" in text
+    assert "rollout first" in inspect_run(run, None)[0]
