@@ -75,6 +75,15 @@ def _same_code_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
 
+def _rss_mb(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), None)
+    return int(line.split()[1]) / 1024 if line else None
+
+
 @dataclass
 class Shard:
     index: int
@@ -415,11 +424,12 @@ class ShardedProxy:
         return {**sizes, "route_table": len(self._route_table)}
 
     def shard_report(self) -> list[dict[str, Any]]:
-        """Each shard: its index, pid, endpoint, open rollouts and, for a dead one, why."""
+        """Each shard: its index, pid, resident memory, endpoint, open rollouts and, for a dead one, why."""
         return [
             {
                 "index": s.index,
                 "pid": s.process.pid,
+                "rss_mb": _rss_mb(s.process.pid) if s.process.poll() is None else None,
                 "unix_socket": str(s.endpoint.unix_socket) if s.endpoint else None,
                 "port": s.endpoint.port if s.endpoint else None,
                 "open_rollouts": len(s.open_rollouts),

@@ -45,6 +45,7 @@ async def test_rollouts_spread_over_shards_record_what_one_proxy_records(sharded
     sockets = {sharded.endpoint_for(r.rollout_id).unix_socket for r in routes}
     assert len(sockets) == 2 and all(s is not None and s.exists() for s in sockets)
     assert [s["open_rollouts"] for s in sharded.shard_report()] == [2, 2]
+    assert all(50 < s["rss_mb"] < 2000 for s in sharded.shard_report())  # a whole proxy process each
     finals = await asyncio.gather(*(drive(sharded, r, api, stream=i % 2 == 0) for i, r in enumerate(routes)))
     assert all([tool_names_of(api, f) for f in fs] == [["write"], ["ls"], []] for fs in finals)
     sharded_calls = {r.rollout_id: sharded.close_rollout(r.rollout_id) for r in routes}
