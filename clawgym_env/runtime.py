@@ -134,6 +134,11 @@ class Runtime:
                 self._proxy = proxy
         return self._proxy
 
+    def proxy_report(self) -> dict[str, Any] | None:
+        """The proxy's counts for a run's summary (its shards and any lost, when sharded); None before it started."""
+        report = getattr(self._proxy, "report", None)
+        return report() if callable(report) else None
+
     async def backend(self, name: str, options: dict[str, Any]) -> SandboxBackend:
         key = (name, repr(sorted(options.items())))
         if key not in self._backends:

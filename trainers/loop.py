@@ -521,8 +521,9 @@ def save_checkpoint(run: Run) -> None:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """Failure counts (and the server pool's counts) into the summary; final plot and summary.json."""
+    """Failure counts (and the proxy's and the server pool's counts) into the summary; final plot and summary.json."""
     run.summary["failures"] = run.runtime.failures.as_dict() if run.runtime is not None else {}
+    run.summary["proxy"] = run.runtime.proxy_report() if run.runtime is not None else None  # shards, guards
     if hasattr(run.engine, "report"):  # the vLLM server pool: calls per server, lost servers, weight updates
         run.summary["engine"] = run.engine.report()
     if run.main_rank:

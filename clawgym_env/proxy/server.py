@@ -350,6 +350,14 @@ class ServingProxy:
             f"{self.keep_closed} only: read them right after close_rollout)"
         )
 
+    def report(self) -> dict[str, Any]:
+        """What a run's summary shows of the proxy: rollouts closed, the guards' counts, its tables now."""
+        return {
+            "closed_rollouts": self.closed_count,
+            "guards": self.guard_stats().model_dump(),
+            "tables": self.table_sizes(),
+        }
+
     def table_sizes(self) -> dict[str, int]:
         """How many entries the proxy's per-rollout tables hold now (for leak checks and monitoring)."""
         return {"open": len(self._rollouts), "closed_stats": len(self._closed)}

@@ -423,6 +423,17 @@ class ShardedProxy:
                 sizes.update(self._call(shard, "table_sizes"))
         return {**sizes, "route_table": len(self._route_table)}
 
+    def report(self) -> dict[str, Any]:
+        """`ServingProxy.report()` summed over the shards, with each shard's row and the shards lost."""
+        return {
+            "closed_rollouts": self.closed_count,
+            "guards": self.guard_stats().model_dump(),
+            "tables": self.table_sizes(),
+            "shards": self.shard_report(),
+            "shard_failures": dict(self.shard_failures),
+            "recovered_rollouts": self.recovered_rollouts,
+        }
+
     def shard_report(self) -> list[dict[str, Any]]:
         """Each shard: its index, pid, resident memory, endpoint, open rollouts and, for a dead one, why."""
         return [

@@ -88,3 +88,5 @@ def test_main_job_quick_through_a_sharded_proxy(tmp_path):
     logs = sorted((run_dir / "rollouts").glob("shard-*/calls.jsonl"))
     assert len(logs) == 2 and all(log.read_text().count('"rollout_id"') >= 2 for log in logs)
     assert not (run_dir / "rollouts" / "calls.jsonl").exists()  # no call went through a proxy of its own
+    proxy = json.loads((run_dir / "summary.json").read_text())["proxy"]
+    assert len(proxy["shards"]) == 2 and proxy["shard_failures"] == {} and proxy["closed_rollouts"] >= 4
