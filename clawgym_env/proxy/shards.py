@@ -18,7 +18,8 @@ rollout's earlier calls (splicing, the prefix check, budgets) stays in one proce
   and wait for the shard's answer, so they keep `ServingProxy`'s synchronous API; each carries an id, so
   calls from several threads do not wait behind each other.
 - A shard that dies is counted (`shard_failures`), gets no new rollouts, and its open rollouts' calls are
-  read back from its durable log when they close: nothing it recorded is lost.
+  read back from its durable log when they close: nothing it recorded is lost. A new process takes its
+  place (`respawned`, at most `max_respawns`), with a log of its own.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class ShardedProxy:
     None (Unix sockets only) or 0 (each shard also listens on a free loopback port). control_timeout_s: how
     long a control call waits for a shard before the shard counts as dead. engines_in_shards: an engine that
     is a client of servers anyway (`VLLMServerPool`: `follower_spec()`) gets a client in each shard, so its
-    client's CPU is spread over the shards too; False: every shard generates through the hub.
+    client's CPU is spread over the shards too; False: every shard generates through the hub. max_respawns:
+    how many dead shards are replaced by new processes over the proxy's life (each is counted first).
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class ShardedProxy:
         control_timeout_s: float = 30.0,
         start_timeout_s: float = 120.0,
         engines_in_shards: bool = True,
+        max_respawns: int = 8,
         **proxy_options: Any,
     ) -> None:
         if shards < 1:
@@ -166,35 +169,60 @@ class ShardedProxy:
         self._stopping = False
         self._renderers: dict[int, bytes] = {}  # policy key -> its renderer, pickled
         self._following: dict[int, tuple[Any, ShardsFollowing]] = {}  # policy key -> (its engine, what it tells)
+        self.max_respawns = max_respawns
+        self.respawned = 0  # shard processes started in place of dead ones
+        self._replacing: set[Future[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hub_path: Path | None = None
 
     # ------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         if self.shards:
             return
-        hub_path = await self._hub.start()
-        readies: list[Future[tuple[Any, ...]]] = []
-        for index in range(self.shard_count):
-            # a fresh interpreter (not multiprocessing's spawn, which re-runs the user's __main__ module), and
-            # a socket pair for its control pipe, passed down as an inherited descriptor
-            ours, theirs = socket.socketpair()
-            command = [sys.executable, "-m", "clawgym_env.proxy.shard_process", str(theirs.fileno())]
-            process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=_same_code_env())
-            theirs.close()
-            conn = Connection(ours.detach())
-            run_dir = self.run_dir / f"shard-{index}"
-            shard = Shard(index, process, conn, run_dir / "calls.jsonl")
-            shard.waiting[0] = ready = Future()  # the shard's first answer (id 0): its endpoint, once it listens
-            threading.Thread(target=shard.read_answers, name=f"clawgym-shard-{index}-answers", daemon=True).start()
-            conn.send((index, run_dir, self._options, str(hub_path)))
-            self.shards.append(shard)
-            readies.append(ready)
+        self._hub_path = await self._hub.start()
+        launched = [self._launch(index, self.run_dir / f"shard-{index}") for index in range(self.shard_count)]
+        self.shards = [shard for shard, _ in launched]
         try:
-            for shard, ready in zip(self.shards, readies):
+            for shard, ready in launched:
                 shard.endpoint = await asyncio.to_thread(self._wait_ready, shard, ready)
         except BaseException:
             await self.stop()
             raise
+        self._loop = asyncio.get_running_loop()  # from now on a dead shard is replaced (on this loop)
         log.info("sharded proxy: %d shards at %s", len(self.shards), [str(s.endpoint) for s in self.shards])
+
+    def _launch(self, index: int, run_dir: Path) -> tuple[Shard, Future[tuple[Any, ...]]]:
+        """Start a shard process: a fresh interpreter (not multiprocessing's spawn, which re-runs the user's
+        __main__ module), its control socket passed down as an inherited descriptor."""
+        ours, theirs = socket.socketpair()
+        command = [sys.executable, "-m", "clawgym_env.proxy.shard_process", str(theirs.fileno())]
+        process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=_same_code_env())
+        theirs.close()
+        conn = Connection(ours.detach())
+        shard = Shard(index, process, conn, run_dir / "calls.jsonl")
+        shard.waiting[0] = ready = Future()  # the shard's first answer (id 0): its endpoint, once it listens
+        threading.Thread(target=shard.read_answers, name=f"clawgym-shard-{index}-answers", daemon=True).start()
+        conn.send((index, run_dir, self._options, str(self._hub_path)))
+        return shard, ready
+
+    async def _replace(self, dead: Shard) -> None:
+        """A new process in a dead shard's place, with a log of its own (`shard-K.N`); the dead one's
+        rollouts keep reading theirs back from its log."""
+        generation = self.respawned + 1
+        if generation > self.max_respawns:
+            log.error("proxy shard %d is not replaced: %d shards replaced already", dead.index, self.respawned)
+            return
+        self.respawned = generation
+        shard, ready = self._launch(dead.index, self.run_dir / f"shard-{dead.index}.{generation}")
+        try:
+            shard.endpoint = await asyncio.to_thread(self._wait_ready, shard, ready)
+        except ShardDown:
+            return  # counted by _lose
+        if self._stopping or dead not in self.shards:
+            shard.process.kill()
+            return
+        self.shards[self.shards.index(dead)] = shard
+        log.warning("proxy shard %d replaced by pid %d (log %s)", dead.index, shard.process.pid, shard.log_path)
 
     def _wait_ready(self, shard: Shard, ready: Future[tuple[Any, ...]]) -> ProxyEndpoint:
         deadline = time.monotonic() + self.start_timeout_s
@@ -211,7 +239,10 @@ class ShardedProxy:
                 raise self._lose(shard, f"did not start within {self.start_timeout_s:g} s")
 
     async def stop(self) -> None:
-        self._stopping = True  # shards that go now are not failures
+        self._stopping = True  # shards that go now are not failures, nor replaced
+        for replacing in list(self._replacing):
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(replacing)
         for shard in self.shards:
             if shard.down is None and shard.process.poll() is None:
                 with contextlib.suppress(ShardDown):
@@ -288,6 +319,10 @@ class ShardedProxy:
             )
             if shard.process.poll() is None:
                 shard.process.kill()
+            if not self._stopping and self._loop is not None and shard in self.shards:
+                replacing = asyncio.run_coroutine_threadsafe(self._replace(shard), self._loop)
+                self._replacing.add(replacing)
+                replacing.add_done_callback(self._replacing.discard)
         return ShardDown(f"proxy shard {shard.index} is down: {why}")
 
     # -------------------------------------------------------------------------------- rollouts
@@ -436,6 +471,7 @@ class ShardedProxy:
             "shards": self.shard_report(),
             "shard_failures": dict(self.shard_failures),
             "recovered_rollouts": self.recovered_rollouts,
+            "respawned": self.respawned,
         }
 
     def shard_report(self) -> list[dict[str, Any]]:

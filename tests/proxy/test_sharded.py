@@ -111,7 +111,7 @@ async def test_an_engine_failure_in_this_process_is_the_calls_error_on_the_shard
     assert "RuntimeError: the GPU caught fire" in call.error
 
 
-async def test_a_dead_shard_is_counted_and_its_calls_are_read_back_from_its_log(sharded, scripted_policy):
+async def test_a_dead_shard_is_counted_its_calls_read_back_and_a_new_one_takes_its_place(sharded, scripted_policy):
     for rid in ("x", "y"):
         sharded.endpoint_for(rid)
     routes = [sharded.open_rollout(rid, scripted_policy(list(SCRIPT))) for rid in ("x", "y")]
@@ -123,14 +123,24 @@ async def test_a_dead_shard_is_counted_and_its_calls_are_read_back_from_its_log(
     calls = sharded.close_rollout("x")  # its shard is gone: from the durable log
     assert [c.call_index for c in calls] == [0, 1, 2] and all(c.generated_ids for c in calls)
     assert sharded.recovered_rollouts == 1 and sum(sharded.shard_failures.values()) == 1
+    assert "exited" in dead.down
     assert len(sharded.close_rollout("y")) == 3  # the other shard serves on
-    assert all(sharded.endpoint_for(f"new{i}").unix_socket != dead.endpoint.unix_socket for i in range(3))
-    report = {s["index"]: s["down"] for s in sharded.shard_report()}
-    assert report[dead.index] is not None and "exited" in report[dead.index]
+    for _ in range(600):  # a new process takes the dead one's place, with a log of its own
+        if dead not in sharded.shards:
+            break
+        await asyncio.sleep(0.05)
+    assert sharded.respawned == 1 and all(s["down"] is None for s in sharded.shard_report())
+    replacement = sharded.shards[dead.index]
+    assert replacement.log_path.parent.name == f"shard-{dead.index}.1"
+    fresh = [sharded.open_rollout(f"new{i}", scripted_policy(list(SCRIPT))) for i in range(2)]  # one on each
+    sockets = {sharded.endpoint_for(r.rollout_id).unix_socket for r in fresh}
+    assert len(sockets) == 2 and dead.endpoint.unix_socket not in sockets
+    await asyncio.gather(*(drive(sharded, r, "chat", stream=False) for r in fresh))
+    assert [len(sharded.close_rollout(r.rollout_id)) for r in fresh] == [3, 3]
 
 
 async def test_a_shard_that_died_before_open_refuses_the_route_clearly(tmp_path, scripted_policy):
-    async with ShardedProxy(tmp_path / "run", shards=1) as proxy:
+    async with ShardedProxy(tmp_path / "run", shards=1, max_respawns=0) as proxy:
         proxy.endpoint_for("z")
         os.kill(proxy.shards[0].process.pid, signal.SIGKILL)
         await asyncio.to_thread(proxy.shards[0].process.wait, 10)
@@ -138,6 +148,7 @@ async def test_a_shard_that_died_before_open_refuses_the_route_clearly(tmp_path,
             proxy.open_rollout("z", scripted_policy(["hi"]))
         with pytest.raises(ShardDown, match="no live proxy shard"):
             proxy.endpoint_for("w")
+        assert proxy.respawned == 0
 
 
 def test_bad_options_are_refused_with_what_to_do(tmp_path):
