@@ -27,19 +27,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
-import os
 import pickle
-import socket
 import subprocess
-import sys
-import threading
-import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +39,7 @@ from clawgym_env.proxy.engine_hub import EngineHub
 from clawgym_env.proxy.guards import GuardStats
 from clawgym_env.proxy.renderers.base import check_renderer_fits_engine
 from clawgym_env.proxy.rollouts import RolloutStats
+from clawgym_env.proxy.shard_handle import Answer, Shard, ShardLost
 from clawgym_env.records import ModelCall, read_calls
 
 log = logging.getLogger(__name__)
@@ -66,56 +58,6 @@ SHARD_OPTIONS = (
 
 class ShardDown(RuntimeError):
     """A proxy shard process died or stopped answering its control pipe."""
-
-
-def _same_code_env() -> dict[str, str]:
-    """The environment with this checkout first on PYTHONPATH: a shard runs the code its caller runs,
-    whatever its working directory and whatever else is installed."""
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-
-
-def _rss_mb(pid: int) -> float | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), None)
-    return int(line.split()[1]) / 1024 if line else None
-
-
-@dataclass
-class Shard:
-    index: int
-    process: subprocess.Popen[bytes]
-    conn: Connection
-    log_path: Path
-    endpoint: ProxyEndpoint | None = None
-    policies: set[int] = field(default_factory=set)  # policy keys this shard was sent
-    open_rollouts: set[str] = field(default_factory=set)
-    pending: int = 0  # rollouts given its endpoint that have not opened yet
-    assigned: int = 0  # rollouts ever given its endpoint (ties go to the shard given fewest)
-    down: str | None = None  # why it is out of service
-    waiting: dict[int, Future[tuple[Any, ...]]] = field(default_factory=dict)  # control calls sent, by id
-    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def read_answers(self) -> None:
-        """The shard's answers, each to the control call that waits for it (a thread per shard: calls from
-        several threads, a slow one such as `hold` among them, do not wait behind each other)."""
-        why = "control socket closed"
-        try:
-            while True:
-                call_id, answer = self.conn.recv()
-                future = self.waiting.pop(call_id, None)
-                if future is not None:
-                    future.set_result(answer)
-        except (EOFError, OSError) as exc:
-            why = f"control socket closed ({type(exc).__name__})"
-        for future in list(self.waiting.values()):
-            future.set_result(("lost", why))
-        self.waiting.clear()
 
 
 class ShardedProxy:
@@ -180,30 +122,26 @@ class ShardedProxy:
         if self.shards:
             return
         self._hub_path = await self._hub.start()
-        launched = [self._launch(index, self.run_dir / f"shard-{index}") for index in range(self.shard_count)]
+        launched = [self._launch(index, f"shard-{index}") for index in range(self.shard_count)]
         self.shards = [shard for shard, _ in launched]
         try:
             for shard, ready in launched:
-                shard.endpoint = await asyncio.to_thread(self._wait_ready, shard, ready)
+                shard.endpoint = await self._wait_ready(shard, ready)
         except BaseException:
             await self.stop()
             raise
         self._loop = asyncio.get_running_loop()  # from now on a dead shard is replaced (on this loop)
         log.info("sharded proxy: %d shards at %s", len(self.shards), [str(s.endpoint) for s in self.shards])
 
-    def _launch(self, index: int, run_dir: Path) -> tuple[Shard, Future[tuple[Any, ...]]]:
-        """Start a shard process: a fresh interpreter (not multiprocessing's spawn, which re-runs the user's
-        __main__ module), its control socket passed down as an inherited descriptor."""
-        ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", "clawgym_env.proxy.shard_process", str(theirs.fileno())]
-        process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=_same_code_env())
-        theirs.close()
-        conn = Connection(ours.detach())
-        shard = Shard(index, process, conn, run_dir / "calls.jsonl")
-        shard.waiting[0] = ready = Future()  # the shard's first answer (id 0): its endpoint, once it listens
-        threading.Thread(target=shard.read_answers, name=f"clawgym-shard-{index}-answers", daemon=True).start()
-        conn.send((index, run_dir, self._options, str(self._hub_path)))
-        return shard, ready
+    def _launch(self, index: int, folder: str) -> tuple[Shard, Future[Answer]]:
+        assert self._hub_path is not None
+        return Shard.launch(index, self.run_dir / folder, self._options, self._hub_path)
+
+    async def _wait_ready(self, shard: Shard, ready: Future[Answer]) -> ProxyEndpoint:
+        try:
+            return await asyncio.to_thread(shard.wait_ready, ready, self.start_timeout_s)
+        except ShardLost as lost:
+            raise self._lose(shard, lost.why) from None
 
     async def _replace(self, dead: Shard) -> None:
         """A new process in a dead shard's place, with a log of its own (`shard-K.N`); the dead one's
@@ -213,9 +151,9 @@ class ShardedProxy:
             log.error("proxy shard %d is not replaced: %d shards replaced already", dead.index, self.respawned)
             return
         self.respawned = generation
-        shard, ready = self._launch(dead.index, self.run_dir / f"shard-{dead.index}.{generation}")
+        shard, ready = self._launch(dead.index, f"shard-{dead.index}.{generation}")
         try:
-            shard.endpoint = await asyncio.to_thread(self._wait_ready, shard, ready)
+            shard.endpoint = await self._wait_ready(shard, ready)
         except ShardDown:
             return  # counted by _lose
         if self._stopping or dead not in self.shards:
@@ -223,20 +161,6 @@ class ShardedProxy:
             return
         self.shards[self.shards.index(dead)] = shard
         log.warning("proxy shard %d replaced by pid %d (log %s)", dead.index, shard.process.pid, shard.log_path)
-
-    def _wait_ready(self, shard: Shard, ready: Future[tuple[Any, ...]]) -> ProxyEndpoint:
-        deadline = time.monotonic() + self.start_timeout_s
-        while True:
-            try:
-                answer = ready.result(timeout=0.1)
-            except FutureTimeout:
-                answer = None
-            if answer is not None and answer[0] == "ok":
-                return answer[1]
-            if answer is not None or shard.process.poll() is not None:
-                raise self._lose(shard, f"did not start: exited with code {shard.process.wait(timeout=5)}")
-            if time.monotonic() > deadline:
-                raise self._lose(shard, f"did not start within {self.start_timeout_s:g} s")
 
     async def stop(self) -> None:
         self._stopping = True  # shards that go now are not failures, nor replaced
@@ -271,39 +195,13 @@ class ShardedProxy:
 
     # ----------------------------------------------------------------------------- the control pipe
     def _call(self, shard: Shard, *message: Any, timeout_s: float | None = None) -> Any:
-        """Send a control call to the shard and wait for its answer (from any thread)."""
+        """A control call to the shard, answered (from any thread); a lost shard is counted, `ShardDown`."""
         if shard.down is not None:
             raise ShardDown(f"proxy shard {shard.index} is down: {shard.down}")
-        if shard.process.poll() is not None:
-            raise self._lose(shard, f"exited with code {shard.process.returncode}")
-        call_id, answer = next(shard.ids), Future()
-        shard.waiting[call_id] = answer
         try:
-            with shard.send_lock:
-                shard.conn.send((call_id, message))
-        except (EOFError, OSError) as exc:
-            shard.waiting.pop(call_id, None)
-            raise self._lose(shard, f"control socket broke: {exc!r}") from exc
-        deadline = time.monotonic() + (timeout_s or self.control_timeout_s)
-        while True:
-            try:
-                result = answer.result(timeout=0.5)
-                break
-            except FutureTimeout:
-                if shard.process.poll() is not None:
-                    raise self._lose(shard, f"exited with code {shard.process.returncode}") from None
-                if time.monotonic() > deadline:
-                    shard.waiting.pop(call_id, None)
-                    raise self._lose(
-                        shard, f"did not answer {message[0]!r} within {timeout_s or self.control_timeout_s:g} s"
-                    ) from None
-        if result[0] == "lost":
-            code = shard.process.wait(timeout=5) if shard.process.poll() is None else shard.process.returncode
-            raise self._lose(shard, f"exited with code {code}" if code is not None else result[1])
-        if result[0] == "error":
-            _, name, text = result
-            raise {"KeyError": KeyError, "ValueError": ValueError}.get(name, RuntimeError)(text)
-        return result[1]
+            return shard.call(message, timeout_s or self.control_timeout_s)
+        except ShardLost as lost:
+            raise self._lose(shard, lost.why) from None
 
     def _lose(self, shard: Shard, why: str) -> ShardDown:
         if shard.down is None:
@@ -480,7 +378,7 @@ class ShardedProxy:
             {
                 "index": s.index,
                 "pid": s.process.pid,
-                "rss_mb": _rss_mb(s.process.pid) if s.process.poll() is None else None,
+                "rss_mb": s.rss_mb(),
                 "unix_socket": str(s.endpoint.unix_socket) if s.endpoint else None,
                 "port": s.endpoint.port if s.endpoint else None,
                 "open_rollouts": len(s.open_rollouts),
