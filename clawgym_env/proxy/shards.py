@@ -146,6 +146,9 @@ class ShardedProxy:
     async def _replace(self, dead: Shard) -> None:
         """A new process in a dead shard's place, with a log of its own (`shard-K.N`); the dead one's
         rollouts keep reading theirs back from its log."""
+        with contextlib.suppress(subprocess.TimeoutExpired):  # reap it (killed by _lose), close its socket
+            await asyncio.to_thread(dead.process.wait, 5)
+        dead.conn.close()
         generation = self.respawned + 1
         if generation > self.max_respawns:
             log.error("proxy shard %d is not replaced: %d shards replaced already", dead.index, self.respawned)
