@@ -128,6 +128,7 @@ def evaluate(
     threshold: Annotated[float, typer.Option(help="success = reward >= threshold")] = 1.0,
     engine: Annotated[str, typer.Option(help="transformers, vllm or remote")] = "transformers",
     temperature: Annotated[float | None, typer.Option(help="sampling temperature (default: the env's)")] = None,
+    proxy_shards: Annotated[int, typer.Option(help="proxy processes (above 1: a ShardedProxy)")] = 1,
 ) -> None:
     """Evaluate a policy on environments and write a results table (JSON, text, PNG plot)."""
     make_eval_policy = load("evaluation", "make_eval_policy", "evaluation")
@@ -145,6 +146,7 @@ def evaluate(
         success_threshold=threshold,
         temperature=temperature,
         model_name=model,
+        proxy_shards=proxy_shards,
     )
     report.console_print(console)
     for stage, reasons in report.failure_reasons.items():

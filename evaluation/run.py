@@ -115,6 +115,7 @@ def evaluate(
     progress: bool = True,
     cache: EvalCache | None = None,
     policy_key: dict[str, Any] | None = None,
+    proxy_shards: int = 1,
 ) -> EvalReport:
     """Run every task instance of `split` (or `count` of them) under each env, `repeats` times.
 
@@ -125,7 +126,8 @@ def evaluate(
     `concurrency` is how many rollouts run at once (default: `default_concurrency()`, what the machine
     holds). With a `cache` and a `policy_key` (what the policy is: model, weights seed, checkpoint), an
     evaluation whose key (policy, tasks, seeds, sampling, harness) was measured before is read back
-    instead of run again (`report.cached_from` names the entry).
+    instead of run again (`report.cached_from` names the entry). `proxy_shards` > 1: the proxy is a
+    `ShardedProxy` of that many processes (for many rollouts at once; each shard logs under `run_dir/shard-K`).
     """
     import clawgym_env
     from clawgym_env.env import ClawGymEnv
@@ -148,7 +150,7 @@ def evaluate(
     overrides: dict[str, Any] = {"split": split, **(env_overrides or {})}
     if temperature is not None:
         overrides["temperature"] = temperature
-    runtime = Runtime(run_dir)
+    runtime = Runtime(run_dir, proxy_shards=proxy_shards)
     start = time.perf_counter()
     try:
         jobs: list[tuple[Any, TaskSpec, int]] = []

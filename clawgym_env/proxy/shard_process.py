@@ -53,14 +53,18 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
     proxy = ServingProxy(run_dir, **options)
     await proxy.start()
     policies: dict[int, Policy] = {}
+    renderers: dict[int, Any] = {}
     send_lock = threading.Lock()
     stopping = asyncio.Event()
 
     async def handle(op: str, *args: Any) -> Any:
         if op == "policy":
-            key, renderer, name, max_context, version, abortable, engine_spec = args
+            key, (renderer_key, pickled), name, max_context, version, abortable, engine_spec = args
+            if pickled is not None:  # each renderer comes once; the policies made per rollout share it
+                renderers[renderer_key] = pickle.loads(pickled)
             engine = follower_engine(engine_spec) if engine_spec else HubEngine(link, key, version, abortable)
-            policies[key] = Policy(engine=engine, renderer=pickle.loads(renderer), name=name, max_context=max_context)
+            renderer = renderers[renderer_key]
+            policies[key] = Policy(engine=engine, renderer=renderer, name=name, max_context=max_context)
             return None
         if op == "open":
             rollout_id, key, limits = args

@@ -109,7 +109,7 @@ class ShardedProxy:
         self.closed_count = 0
         self.engines_in_shards = engines_in_shards
         self._stopping = False
-        self._renderers: dict[int, bytes] = {}  # policy key -> its renderer, pickled
+        self._renderers: dict[int, tuple[Any, bytes]] = {}  # id(renderer) -> (it, pickled)
         self._following: dict[int, tuple[Any, ShardsFollowing]] = {}  # policy key -> (its engine, what it tells)
         self.max_respawns = max_respawns
         self.respawned = 0  # shard processes started in place of dead ones
@@ -263,9 +263,7 @@ class ShardedProxy:
             key = self._hub.register(policy)
             if key not in shard.policies:
                 abortable = callable(getattr(policy.engine, "abort", None))
-                if key not in self._renderers:  # ~8 MB with a Qwen tokenizer: pickled once, sent to each shard
-                    self._renderers[key] = pickle.dumps(policy.renderer)
-                renderer = self._renderers[key]
+                renderer = self._renderer_for(shard, policy.renderer)
                 spec = self._follower_spec(key, policy.engine)
                 args = (key, renderer, policy.name, policy.max_context, policy.version, abortable, spec)
                 self._call(shard, "policy", *args)
@@ -278,6 +276,18 @@ class ShardedProxy:
         shard.open_rollouts.add(rollout_id)
         self._limits[rollout_id] = limits
         return route
+
+    def _renderer_for(self, shard: Shard, renderer: Any) -> tuple[int, bytes | None]:
+        """(the renderer's key, its pickled bytes unless the shard has it already). Policies made per rollout
+        (a scripted engine each) share one renderer: ~8 MB pickled with a Qwen tokenizer, ~0.5 s to load, so
+        it is pickled once and sent to each shard once."""
+        key = id(renderer)
+        if key not in self._renderers:
+            self._renderers[key] = (renderer, pickle.dumps(renderer))  # the object kept: its id stays its own
+        if key in shard.renderers:
+            return key, None
+        shard.renderers.add(key)
+        return key, self._renderers[key][1]
 
     def _follower_spec(self, key: int, engine: Any) -> dict[str, Any] | None:
         """How a shard builds its own client of `engine`, if it is a client of servers anyway and

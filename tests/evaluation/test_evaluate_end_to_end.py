@@ -57,6 +57,30 @@ def test_reference_and_wrong_solutions_through_whitebox_and_pi(tmp_path: Path, m
     assert {c["rollout_id"] for c in calls} == {r.rollout_id for r in report.rows}
 
 
+@pytest.mark.harness
+def test_reference_solutions_through_a_sharded_proxy(tmp_path: Path) -> None:
+    """`proxy_shards=2`: a policy per rollout (a scripted engine each, one renderer), the white-box loop and
+    the real pi CLI through two proxy processes; every call in one of the shards' logs."""
+    report = evaluate(
+        ScriptedReferencePolicies("reference"),
+        ENVS,
+        level=0,
+        count=2,
+        concurrency=3,
+        run_dir=tmp_path,
+        progress=False,
+        proxy_shards=2,
+    )
+    assert [(r.status, r.reward) for r in report.rows] == [("ok", 1.0)] * 4
+    logged = {
+        json.loads(line)["rollout_id"]
+        for log in tmp_path.glob("shard-*/calls.jsonl")
+        for line in log.read_text().splitlines()
+    }
+    assert logged == {r.rollout_id for r in report.rows}
+    assert len(list(tmp_path.glob("shard-*/calls.jsonl"))) == 2
+
+
 def test_a_policy_that_cannot_be_built_is_a_counted_failure(tmp_path: Path) -> None:
     def broken(task):
         raise RuntimeError(f"no policy for {task.id}")
