@@ -25,7 +25,7 @@ import logging
 import os
 import struct
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,7 @@ class HubLink:
         self._waiting: dict[int, asyncio.Queue[dict[str, Any]]] = {}
         self._reading = asyncio.create_task(self._read())
         self.lost: str | None = None  # why the link broke, once it has
+        self.on_lost: Callable[[str], None] | None = None  # told once, when it breaks (not when closed here)
 
     @classmethod
     async def connect(cls, path: str | Path) -> HubLink:
@@ -206,6 +207,8 @@ class HubLink:
             self.lost = f"the engine hub connection broke: {exc!r}"
         for call_id, queue in self._waiting.items():
             queue.put_nowait({"id": call_id, "error": ["ConnectionError", self.lost, False], "partial": None})
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
 
     def send(self, request: dict[str, Any]) -> tuple[int, asyncio.Queue[dict[str, Any]]]:
         if self.lost is not None:

@@ -32,7 +32,7 @@ FOLLOWER_METHODS = ("hold", "release", "report")
 
 
 def shard_main(control_fd: int) -> None:
-    """A shard process (`python -m clawgym_env.proxy.shards FD`): a `ServingProxy` whose engines are the
+    """A shard process (`python -m clawgym_env.proxy.shard_process FD`): a `ServingProxy` whose engines are the
     hub's, driven over the control socket it inherited until that closes. Its first message says what to be."""
     conn = Connection(control_fd)
     index, run_dir, options, hub_path = conn.recv()
@@ -42,10 +42,10 @@ def shard_main(control_fd: int) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve_shard(index, run_dir, options, hub_path, conn))
+    sys.exit(asyncio.run(_serve_shard(index, run_dir, options, hub_path, conn)))
 
 
-async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_path: str, conn: Connection) -> None:
+async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_path: str, conn: Connection) -> int:
     from clawgym_env.proxy.server import ServingProxy
 
     loop = asyncio.get_running_loop()
@@ -56,6 +56,16 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
     renderers: dict[int, Any] = {}
     send_lock = threading.Lock()
     stopping = asyncio.Event()
+    exit_code = 0
+
+    def hub_lost(why: str) -> None:
+        """Without its hub a shard cannot generate: it exits (non-zero), and its caller counts and replaces it."""
+        nonlocal exit_code
+        print(f"clawgym proxy shard {index}: {why}; exiting", file=sys.stderr, flush=True)
+        exit_code = 3
+        stopping.set()
+
+    link.on_lost = hub_lost
 
     async def handle(op: str, *args: Any) -> Any:
         if op == "policy":
@@ -114,6 +124,7 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
             close = getattr(policy.engine, "aclose", None)
             if close is not None:
                 await close()
+    return exit_code
 
 
 def follower_engine(spec: dict[str, Any]) -> Any:

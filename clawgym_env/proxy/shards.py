@@ -236,6 +236,8 @@ class ShardedProxy:
         """
         shard = self._route_table.get(rollout_id) or self._pending.get(rollout_id)
         if shard is None:
+            for exited in [s for s in self.shards if s.down is None and s.process.poll() is not None]:
+                self._lose(exited, f"exited with code {exited.process.returncode}")  # counted, replaced
             live = [s for s in self.shards if s.down is None]
             if not live:
                 why = "; ".join(f"{s.index}: {s.down}" for s in self.shards) or "the proxy is not started"

@@ -139,6 +139,27 @@ async def test_a_dead_shard_is_counted_its_calls_read_back_and_a_new_one_takes_i
     assert [len(sharded.close_rollout(r.rollout_id)) for r in fresh] == [3, 3]
 
 
+async def test_shards_that_lose_the_engine_hub_exit_and_are_replaced(sharded, scripted_policy):
+    """A shard whose connection to the hub breaks cannot generate: it exits, and the next routing counts it
+    and starts a new process in its place, which reaches the hub again."""
+    first = [s.process for s in sharded.shards]
+    for connection in list(sharded._hub._connections):
+        connection.cancel()  # the hub drops both shards' connections
+    for process in first:
+        assert await asyncio.to_thread(process.wait, 30) == 3
+    with pytest.raises(ShardDown, match="no live proxy shard"):  # notices both exits: counted, being replaced
+        sharded.endpoint_for("meanwhile")
+    assert sum(sharded.shard_failures.values()) == 2
+    for _ in range(600):
+        if sharded.respawned == 2 and all(s.process not in first and s.endpoint for s in sharded.shards):
+            break
+        await asyncio.sleep(0.05)
+    assert all(s.process not in first and s.down is None for s in sharded.shards)
+    routes = [sharded.open_rollout(f"r{i}", scripted_policy(list(SCRIPT))) for i in range(2)]
+    await asyncio.gather(*(drive(sharded, r, "anthropic", stream=True) for r in routes))
+    assert [len(sharded.close_rollout(r.rollout_id)) for r in routes] == [3, 3]
+
+
 async def test_a_shard_that_died_before_open_refuses_the_route_clearly(tmp_path, scripted_policy):
     async with ShardedProxy(tmp_path / "run", shards=1, max_respawns=0) as proxy:
         proxy.endpoint_for("z")
