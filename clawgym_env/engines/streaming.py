@@ -17,6 +17,13 @@ def can_abort(engine: Any) -> bool:
     return callable(getattr(engine, "abort", None))
 
 
+def generate(engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Any:
+    """`engine.generate(...)`, told the request id when the engine can abort by it (only those take one)."""
+    if can_abort(engine) and request_id is not None:
+        return engine.generate(prompt_ids, sampling, request_id=request_id)
+    return engine.generate(prompt_ids, sampling)
+
+
 async def stream_tokens(
     engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
 ) -> AsyncIterator[TokenChunk]:
@@ -26,10 +33,7 @@ async def stream_tokens(
         async for chunk in stream(prompt_ids, sampling, request_id=request_id):
             yield chunk
         return
-    if can_abort(engine) and request_id is not None:
-        generation = await engine.generate(prompt_ids, sampling, request_id=request_id)
-    else:
-        generation = await engine.generate(prompt_ids, sampling)
+    generation = await generate(engine, prompt_ids, sampling, request_id)
     yield TokenChunk(
         list(generation.token_ids), list(generation.logprobs), generation.finish_reason, generation.policy_version
     )

@@ -5,8 +5,9 @@ token-id prompt (`logprobs`, `return_token_ids`, `return_tokens_as_token_ids`), 
 `POST /generate` with `input_ids`, plus `GET /v1/models` and `GET /health`; and of vLLM's dev-mode routes
 what `VLLMServerPool` asks of every call (`POST /collective_rpc` with `clawgym_get_policy_version`, one
 result per worker: here one), of a weight update (`clawgym_load_weights_from_file`: the file's tensors go
-to the engine's `update_weights` at the version named) and `POST /reset_prefix_cache`. Tests and benchmarks use it to exercise
-RemoteEngine and the pool over real HTTP; it can also serve a TransformersEngine to other machines:
+to the engine's `update_weights` at the version named) and `POST /reset_prefix_cache`. Tests and
+benchmarks use it to exercise RemoteEngine and the pool over real HTTP; it can also serve a
+TransformersEngine to other machines:
 
     python -m clawgym_env.engines.token_server --model tiny-qwen3 --port 8000
 """

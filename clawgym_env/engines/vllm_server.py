@@ -595,6 +595,8 @@ class VLLMServerPool:
         await self._engine_loop.call(self._hold())
 
     async def _hold(self) -> None:
+        """Pause this pool (an update's first step): new calls wait for `_resume`, the ones in flight end, and
+        every server's version is read again before its next call."""
         self._resume.clear()
         await self._idle.wait()
         for slot in self.slots:
@@ -638,11 +640,8 @@ class VLLMServerPool:
     async def _update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         from clawgym_env.engines.vllm_engine import dedup_tied
 
-        self._resume.clear()
         try:
-            await self._idle.wait()
-            for slot in self.slots:
-                slot.life = None  # every server's version is read again before its next call
+            await self._hold()  # new calls wait, the ones in flight end; every version is read again after
             started = time.perf_counter()
             for follower in self._followers:  # clients in other processes: their calls end and wait too
                 await asyncio.to_thread(follower.hold)

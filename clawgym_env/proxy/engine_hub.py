@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from clawgym_env.engines.streaming import can_abort, stream_tokens
+from clawgym_env.engines.streaming import can_abort, generate, stream_tokens
 from clawgym_env.interfaces import Generation, Policy, SamplingParams, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,7 @@ class EngineHub:
     """Serves the engines of registered policies to shard processes (one connection per shard)."""
 
     def __init__(self) -> None:
-        self._policies: dict[int, Policy] = {}
-        self._keys: dict[int, int] = {}  # id(policy) -> key
-        self._next_key = itertools.count(1)
+        self._policies: dict[int, Policy] = {}  # id(policy) -> it (held, so its id stays its own)
         self._server: asyncio.AbstractServer | None = None
         self._dir: Path | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -89,13 +87,9 @@ class EngineHub:
         self.failed_calls = 0  # engine calls that ended in an error (each also reaches its shard's call record)
 
     def register(self, policy: Policy) -> int:
-        """The key shards name this policy by (the same key for the same policy object)."""
-        key = self._keys.get(id(policy))
-        if key is None or self._policies.get(key) is not policy:
-            key = next(self._next_key)
-            self._keys[id(policy)] = key
-            self._policies[key] = policy
-        return key
+        """The key shards name this policy by: its id, while the hub holds it."""
+        self._policies.setdefault(id(policy), policy)
+        return id(policy)
 
     async def start(self) -> Path:
         # a private folder (0700) under /tmp: sandboxes have their own /tmp, and no other user can connect
@@ -154,12 +148,7 @@ class EngineHub:
         ids, rid = request["ids"], request.get("rid")
         try:
             if op == "generate":
-                coro = (
-                    engine.generate(ids, sampling, request_id=rid)
-                    if can_abort(engine)
-                    else engine.generate(ids, sampling)
-                )
-                writer.write(frame({"id": call_id, "gen": (await coro).model_dump()}))
+                writer.write(frame({"id": call_id, "gen": (await generate(engine, ids, sampling, rid)).model_dump()}))
                 return
             finished = False
             async for chunk in stream_tokens(engine, ids, sampling, rid):

@@ -39,6 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic.json_schema import models_json_schema
 from starlette.requests import ClientDisconnect
 
+from clawgym_env.engines.streaming import can_abort, generate
 from clawgym_env.interfaces import Generation, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute, SamplingParams
 from clawgym_env.proxy import jsonio
 from clawgym_env.proxy.apis import (
@@ -491,13 +492,8 @@ class ServingProxy:
         attached to the raised error so the call record keeps it. Other engines are cancelled.
         """
         engine = policy.engine
-        can_abort = callable(getattr(engine, "abort", None))
-        coro = (
-            engine.generate(prompt_ids, sampling, request_id=request_id)
-            if can_abort
-            else engine.generate(prompt_ids, sampling)
-        )
-        generation = asyncio.ensure_future(coro)
+        abortable = can_abort(engine)
+        generation = asyncio.ensure_future(generate(engine, prompt_ids, sampling, request_id))
         lost = _connection_lost(request)
         watcher = disconnect_watch(request.receive, lost)
         try:
@@ -520,7 +516,7 @@ class ServingProxy:
                 err = ProxyError(kind, f"clawgym: the inference engine failed: {type(exc).__name__}: {exc}")
                 err.generation = partial if isinstance(partial, Generation) else None  # type: ignore[attr-defined]
                 raise err from exc
-        partial = await self._stop_generation(engine, generation, request_id, can_abort)
+        partial = await self._stop_generation(engine, generation, request_id, abortable)
         if watcher in done:
             raise ClientDisconnected(partial)
         err = ProxyError(
