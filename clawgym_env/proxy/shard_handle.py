@@ -53,6 +53,7 @@ class Shard:
     endpoint: ProxyEndpoint | None = None
     policies: set[int] = field(default_factory=set)  # policy keys this shard was sent
     renderers: set[int] = field(default_factory=set)  # renderer keys this shard was sent
+    followers: set[int] = field(default_factory=set)  # engines it runs its own client of (their keys)
     open_rollouts: set[str] = field(default_factory=set)
     pending: int = 0  # rollouts given its endpoint that have not opened yet
     assigned: int = 0  # rollouts ever given its endpoint (ties go to the shard given fewest)

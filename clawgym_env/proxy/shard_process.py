@@ -54,6 +54,7 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
     await proxy.start()
     policies: dict[int, Policy] = {}
     renderers: dict[int, Any] = {}
+    followers: dict[int, Any] = {}  # engine key -> this shard's own client of it
     send_lock = threading.Lock()
     stopping = asyncio.Event()
     exit_code = 0
@@ -69,10 +70,16 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
 
     async def handle(op: str, *args: Any) -> Any:
         if op == "policy":
-            key, (renderer_key, pickled), name, max_context, version, abortable, engine_spec = args
+            key, (renderer_key, pickled), name, max_context, version, abortable, follower = args
             if pickled is not None:  # each renderer comes once; the policies made per rollout share it
                 renderers[renderer_key] = pickle.loads(pickled)
-            engine = follower_engine(engine_spec) if engine_spec else HubEngine(link, key, version, abortable)
+            if follower is not None:  # this shard's own client of the engine, built once per engine
+                engine_key, spec = follower
+                if spec is not None:
+                    followers[engine_key] = follower_engine(spec)
+                engine = followers[engine_key]
+            else:
+                engine = HubEngine(link, key, version, abortable)
             renderer = renderers[renderer_key]
             policies[key] = Policy(engine=engine, renderer=renderer, name=name, max_context=max_context)
             return None
@@ -80,8 +87,8 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
             rollout_id, key, limits = args
             return proxy.open_rollout(rollout_id, policies[key], limits)
         if op in FOLLOWER_METHODS:  # the caller's engine is updating weights: this shard's own client follows
-            key, *rest = args
-            result = getattr(policies[key].engine, op)(*rest)
+            engine_key, *rest = args
+            result = getattr(followers[engine_key], op)(*rest)
             return await result if inspect.isawaitable(result) else result
         if op == "stop":
             stopping.set()
@@ -120,10 +127,8 @@ async def _serve_shard(index: int, run_dir: Path, options: dict[str, Any], hub_p
     finally:
         await proxy.stop()
         await link.aclose()
-        for policy in policies.values():
-            close = getattr(policy.engine, "aclose", None)
-            if close is not None:
-                await close()
+        for engine in followers.values():
+            await engine.aclose()
     return exit_code
 
 

@@ -34,6 +34,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.engines.streaming import can_abort
 from clawgym_env.interfaces import Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
 from clawgym_env.proxy.engine_hub import EngineHub
 from clawgym_env.proxy.guards import GuardStats
@@ -110,7 +111,7 @@ class ShardedProxy:
         self.engines_in_shards = engines_in_shards
         self._stopping = False
         self._renderers: dict[int, tuple[Any, bytes]] = {}  # id(renderer) -> (it, pickled)
-        self._following: dict[int, tuple[Any, ShardsFollowing]] = {}  # policy key -> (its engine, what it tells)
+        self._following: dict[int, tuple[Any, ShardsFollowing]] = {}  # id(engine) -> (it, what it tells)
         self.max_respawns = max_respawns
         self.respawned = 0  # shard processes started in place of dead ones
         self._replacing: set[Future[None]] = set()
@@ -264,10 +265,10 @@ class ShardedProxy:
         try:
             key = self._hub.register(policy)
             if key not in shard.policies:
-                abortable = callable(getattr(policy.engine, "abort", None))
                 renderer = self._renderer_for(shard, policy.renderer)
-                spec = self._follower_spec(key, policy.engine)
-                args = (key, renderer, policy.name, policy.max_context, policy.version, abortable, spec)
+                follower = self._follower_for(shard, policy.engine)
+                abortable = can_abort(policy.engine)
+                args = (key, renderer, policy.name, policy.max_context, policy.version, abortable, follower)
                 self._call(shard, "policy", *args)
                 shard.policies.add(key)
             route = self._call(shard, "open", rollout_id, key, limits)
@@ -291,18 +292,23 @@ class ShardedProxy:
         shard.renderers.add(key)
         return key, self._renderers[key][1]
 
-    def _follower_spec(self, key: int, engine: Any) -> dict[str, Any] | None:
-        """How a shard builds its own client of `engine`, if it is a client of servers anyway and
-        `engines_in_shards` is on; the engine is then told to hold and release the shards around its weight
-        updates (`ShardsFollowing`). None: the shard generates through the hub."""
+    def _follower_for(self, shard: Shard, engine: Any) -> tuple[int, dict[str, Any] | None] | None:
+        """None: the shard generates with `engine` through the hub. Else (the engine's key, how the shard builds
+        its own client of it, unless it has one already): for an engine that is a client of servers anyway,
+        with `engines_in_shards` on. One client per engine and shard, whatever the policies over it; the engine
+        holds and releases the shards around its weight updates (`ShardsFollowing`)."""
         follower_spec = getattr(engine, "follower_spec", None)
         if not self.engines_in_shards or not callable(follower_spec):
             return None
-        if key not in self._following:
+        key = id(engine)
+        if key not in self._following:  # the engine kept: its id stays its own
             following = ShardsFollowing(self, key)
             engine.add_follower(following)
             self._following[key] = (engine, following)
-        return follower_spec()
+        if key in shard.followers:
+            return key, None
+        shard.followers.add(key)
+        return key, follower_spec()
 
     def _forget(self, rollout_id: str) -> Shard | None:
         shard = self._route_table.pop(rollout_id, None)
@@ -414,7 +420,7 @@ class ShardsFollowing:
     def _each(self, op: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
         answers = []
         for shard in list(self.proxy.shards):
-            if self.key in shard.policies and shard.down is None:
+            if self.key in shard.followers and shard.down is None:
                 with contextlib.suppress(ShardDown):
                     answers.append(self.proxy._call(shard, op, self.key, *args, timeout_s=timeout_s))
         return answers

@@ -95,3 +95,21 @@ async def test_without_engines_in_shards_a_pool_is_reached_through_the_hub(tmp_p
             assert pool.report()["calls"] == 1 and "followers" not in pool.report()
         finally:
             await pool.aclose()
+
+
+async def test_policies_made_per_rollout_over_one_pool_share_each_shards_client(tmp_path, renderer):
+    """One client of the servers per engine and shard, whatever the policies over it (made per rollout, they
+    would otherwise leave a pool, its thread and its connections behind in the shard for each)."""
+    engine = VersionedEngine(delay_s=0.0)
+    async with stand_in(engine, "life-a") as (url, _, _):
+        pool = VLLMServerPool([url], checkpoint_dir=tmp_path / "weights")
+        try:
+            async with ShardedProxy(tmp_path / "run", shards=2, port=0) as proxy:
+                routes = [proxy.open_rollout(f"r{i}", Policy(engine=pool, renderer=renderer)) for i in range(4)]
+                answers = await asyncio.gather(*(chat(proxy, r) for r in routes))
+                assert all(a.status_code == 200 for a in answers)
+                assert [len(proxy.close_rollout(r.rollout_id)) for r in routes] == [1] * 4
+                followers = pool.report()["followers"]
+            assert len(followers) == 2 and sum(f["calls"] for f in followers) == 4
+        finally:
+            await pool.aclose()
