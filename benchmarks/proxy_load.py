@@ -621,16 +621,23 @@ class ProxyProcess:
                 self.proc.wait()
 
 
-def drive_clients(port: int, routes: list[Any], n: int, calls: int, clients: int, work: Path) -> list[dict[str, Any]]:
-    """Run the client processes over `routes`, `n` rollouts at a time in all; their result lines."""
-    procs = []
+def client_commands(port: int, routes: list[Any], n: int, calls: int, clients: int, work: Path) -> list[list[str]]:
+    """The client processes' command lines: `routes` split between them (each written to a file in `work`),
+    `n` rollouts at a time in all. A route may name its own port (a sharded proxy); `port` is the others'."""
+    commands = []
     for i in range(clients):
         path = work / f"routes-{n}-{i}.json"
         path.write_bytes(orjson.dumps(routes[i::clients]))
         share = n // clients + (1 if i < n % clients else 0)
         cmd = [sys.executable, "-m", "benchmarks.proxy_load", "client", "--port", str(port)]
-        cmd += ["--routes", str(path), "--concurrency", str(share), "--calls", str(calls)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
+        commands.append(cmd + ["--routes", str(path), "--concurrency", str(share), "--calls", str(calls)])
+    return commands
+
+
+def drive_clients(port: int, routes: list[Any], n: int, calls: int, clients: int, work: Path) -> list[dict[str, Any]]:
+    """Run the client processes over `routes`, `n` rollouts at a time in all; their result lines."""
+    commands = client_commands(port, routes, n, calls, clients, work)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE) for cmd in commands]
     results = []
     for p in procs:
         out, _ = p.communicate(timeout=600)

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 import orjson
 
 from benchmarks.proxy_bench import COMPLETIONS
-from benchmarks.proxy_load import FastTestEngine, direct_baseline, remote_engine, use_uvloop
+from benchmarks.proxy_load import FastTestEngine, client_commands, direct_baseline, remote_engine, use_uvloop
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -50,17 +49,9 @@ def cpu_s(pid: int) -> float:
 
 
 async def run_clients(routes: list[list[Any]], n: int, calls: int, clients: int, work: Path) -> list[dict[str, Any]]:
-    procs = []
-    for i in range(clients):
-        path = work / f"routes-{n}-{i}.json"
-        path.write_bytes(orjson.dumps(routes[i::clients]))
-        share = n // clients + (1 if i < n % clients else 0)
-        cmd = [sys.executable, "-m", "benchmarks.proxy_load", "client", "--port", "0", "--routes", str(path)]
-        procs.append(
-            await asyncio.create_subprocess_exec(
-                *cmd, "--concurrency", str(share), "--calls", str(calls), stdout=asyncio.subprocess.PIPE
-            )
-        )
+    """proxy_load's client processes (each route names its port), awaited so this loop serves meanwhile."""
+    commands = client_commands(0, routes, n, calls, clients, work)
+    procs = [await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE) for cmd in commands]
     results = []
     for proc in procs:
         out, _ = await proc.communicate()
