@@ -322,7 +322,8 @@ def make(rng: random.Random, level: int) -> Draft:
 def write_clawgym_folder(task: TaskSpec, spec: dict, dest: Path) -> None:
     """One generated task as a ClawGym task folder."""
     dest.mkdir(parents=True)
-    metadata = {k: v for k, v in task.metadata.items() if k != "_spec"}
+    # spec.json holds the expected answers and hidden test inputs: it reaches the checker on stdin only
+    metadata = {k: v for k, v in task.metadata.items() if k != "_spec"} | {"reward_stdin": "spec.json"}
     entry = {
         "task_id": task.id,
         "user_query": task.instruction,

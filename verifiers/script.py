@@ -50,6 +50,11 @@ def parse_reward_output(stdout: str) -> tuple[float, dict[str, float]]:
     return reward, subscores
 
 
+# Python started by the checker imports nothing from the folder of the script it runs nor from the user's site:
+# a module the agent planted (`reward/json.py`, `./json.py`) cannot stand in for the standard library's.
+ISOLATED_PYTHON_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
 class ScriptVerifier(BaseVerifier):
     """Runs `command` in the sandbox (cwd: the workspace unless `cwd` is given).
 
@@ -58,6 +63,12 @@ class ScriptVerifier(BaseVerifier):
     the agent has finished, so the agent never sees the checker. Where the sandbox can
     (`end_agent_processes`, the local backend), every process the agent left is killed and a fresh init
     started before the files are copied in, so no leftover can swap, rewrite or answer for the checker.
+
+    What the agent left at `files_dest` is removed whole first (the folder is replaced, never merged: a
+    planted `reward/json.py` would shadow the checker's `import json`), and Python runs with
+    `ISOLATED_PYTHON_ENV`. `stdin_file` names one of the verifier's files that is never written into the
+    sandbox: its content reaches the command on stdin only, so the agent's program, which the checker may
+    run, has no file to read the expected answers from.
     """
 
     def __init__(
@@ -70,6 +81,7 @@ class ScriptVerifier(BaseVerifier):
         files: Mapping[str, str | bytes] | None = None,
         files_dir: str | Path | None = None,
         files_dest: str = "",
+        stdin_file: str | None = None,
         name: str = "script",
     ) -> None:
         if isinstance(command, str) and not command.strip() or not isinstance(command, str) and not command:
@@ -80,11 +92,14 @@ class ScriptVerifier(BaseVerifier):
         self.timeout_s = timeout_s + 30.0  # outer guard; the sandbox enforces `script_timeout_s` itself
         self.script_timeout_s = timeout_s
         self.cwd = cwd
-        self.env = dict(env or {})
+        self.env = {**ISOLATED_PYTHON_ENV, **(env or {})}
         self.files = dict(files or {})
         self.files_dir = Path(files_dir) if files_dir is not None else None
         self.files_dest = files_dest.strip("/")
+        self.stdin_file = stdin_file
         self.name = name
+        if stdin_file is not None and stdin_file not in self._files_to_copy():
+            raise VerifierConfigError(f"stdin_file {stdin_file!r} is not one of the verifier's files")
 
     def _files_to_copy(self) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
@@ -105,10 +120,18 @@ class ScriptVerifier(BaseVerifier):
             await end_agent()
         workspace = sandbox.workspace_path
         dest_root = posixpath.join(workspace, self.files_dest) if self.files_dest else workspace
-        for rel, data in self._files_to_copy().items():
+        if self.files_dest:  # replaced whole: nothing the agent put there stays beside the checker
+            removed = await sandbox.exec(["rm", "-rf", "--", dest_root], timeout_s=60)
+            if removed.exit_code != 0:
+                raise RuntimeError(f"cannot clear {self.files_dest}/ before verification: {_tail(removed.stderr)}")
+        files = self._files_to_copy()
+        stdin = files.pop(self.stdin_file) if self.stdin_file is not None else None
+        for rel, data in files.items():
             await sandbox.write_file(posixpath.join(dest_root, rel), data)
         env = {"WORKSPACE": workspace, **self.env}
-        result = await sandbox.exec(self.command, cwd=self.cwd or workspace, env=env, timeout_s=self.script_timeout_s)
+        result = await sandbox.exec(
+            self.command, cwd=self.cwd or workspace, env=env, timeout_s=self.script_timeout_s, stdin=stdin
+        )
         shown = self.command if isinstance(self.command, str) else " ".join(self.command)
         if result.timed_out or result.killed_reason == "timeout":
             return VerifierResult.failure(f"`{shown}` timed out after {self.script_timeout_s:g} s")

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import posixpath
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
 INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BWRAP_ENV = {"PATH": DEFAULT_PATH}  # all that the launcher and bwrap get; commands get `_command_env`
 READY_TIMEOUT_S = 20.0
 OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers still holding its stdout
 DISK_CHECK_INTERVAL_S = 1.0  # only where no workspace tmpfs could be mounted (the kernel enforces it otherwise)
@@ -190,7 +192,8 @@ class LocalSandbox:
         host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control = host_end
         options_fd = bwrap_args.args_memfd(self._bwrap_args())
-        args = [self._backend.bwrap, "--args", str(options_fd), *self._init_argv(init_end.fileno())]
+        bwrap = shutil.which(self._backend.bwrap) or self._backend.bwrap
+        args = [bwrap, "--args", str(options_fd), *self._init_argv(init_end.fileno())]
         procs = [str(f) for f in self._cgroup.procs_files] if self._cgroup is not None else []
         if procs:  # join the cgroup before bwrap starts, so every descendant is in it
             if self._backend.init_binary is not None:  # the C init doubles as the launcher: no shell to start
@@ -206,6 +209,7 @@ class LocalSandbox:
                     stderr=stderr,
                     pass_fds=[init_end.fileno(), options_fd],
                     start_new_session=True,
+                    env=BWRAP_ENV,  # bwrap is PID 1 inside: its /proc/1/environ must hold nothing of the host's
                 )
         finally:
             init_end.close()

@@ -1,14 +1,24 @@
-"""ClawGymBench checker (stdlib only): runs the checks in reward/spec.json against the workspace (cwd).
+"""ClawGymBench checker (stdlib only): runs the checks of its spec against the workspace (cwd).
 
 Prints one JSON line of named sub-scores, then their mean as the last line (the ClawGym reward.sh rule).
+
+The spec (expected answers, hidden test inputs) arrives on stdin, never as a file in the sandbox. The
+checker runs the agent's own scripts, so it guards itself against them: it is not dumpable (a program it
+runs cannot read its memory or reach its stdout through /proc/<pid>/fd), each program gets no stdin, a
+scrubbed environment and its own session, and before any score is printed every process other than the
+checker and its ancestors is killed (a `setsid` daemon the program started included).
 """
 
+import ctypes
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+
+PR_SET_DUMPABLE = 4
 
 
 def read(path):
@@ -96,20 +106,69 @@ def check(c):
                         args.append(target)
                     else:
                         args.append(str(arg))
-                try:
-                    run = subprocess.run(
-                        [sys.executable, c["script"], *args], capture_output=True, text=True, timeout=10
-                    )
-                except subprocess.TimeoutExpired:
-                    continue
-                passed += run.returncode == 0 and lines(run.stdout) == lines(case["stdout"])
+                passed += run_program([sys.executable, c["script"], *args]) == lines(case["stdout"])
         return passed / len(c["cases"])
     raise ValueError("unknown check kind " + kind)
 
 
+def run_program(argv):
+    """The stdout lines of the agent's program, or None if it failed or ran past 10 s."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}  # runs as `python3 script.py` would
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        out = None
+    finally:
+        end_other_processes()
+        proc.communicate()
+    return lines(out) if out is not None and proc.returncode == 0 else None
+
+
+def ancestors():
+    pids, pid = set(), os.getpid()
+    while pid > 0 and pid not in pids:
+        pids.add(pid)
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rpartition(")")[2].split()[1])
+    return pids
+
+
+def end_other_processes():
+    """Kill everything but this checker and its ancestors (the sandbox's init): what a program left behind."""
+    keep = ancestors()
+    for _ in range(100):
+        others = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if pid not in keep and alive(pid)]
+        if not others:
+            return
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def main():
-    spec = json.loads(read(os.path.join("reward", "spec.json")))
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    spec = json.loads(sys.stdin.read())
     scores = {c["name"]: float(check(c)) for c in spec["checks"]}
+    end_other_processes()
     print(json.dumps(scores))
     print(round(sum(scores.values()) / len(scores), 6))
 

@@ -2,8 +2,13 @@
 
     <folder>/<task>/data_entry.json   {"task_id", "user_query", "input_mount_dir", "metadata"}
     <folder>/<task>/input_files/      optional: copied into the workspace before the agent starts
-    <folder>/<task>/reward/reward.sh  copied to <workspace>/reward/ after the agent ends, run inside
-                                      the sandbox; its last stdout line is the reward (a float in [0, 1])
+    <folder>/<task>/reward/reward.sh  copied to <workspace>/reward/ after the agent ends (replacing
+                                      whatever the agent left there), run inside the sandbox; its last
+                                      stdout line is the reward (a float in [0, 1])
+
+`metadata.reward_stdin` (a ClawGym extension) names a file of reward/ that is not copied into the
+sandbox but given to reward.sh on stdin: private data (expected outputs, hidden test inputs) that the
+agent's own program, which the checker may run, cannot read.
 
 `load_clawgym_folder(path)` loads every task folder under `path` (or `path` itself if it is one task),
 reporting each broken folder with its reason while the rest still load.
@@ -81,6 +86,7 @@ def load_clawgym_task(folder: Path, *, default_split: str = "train", reward_time
         ["bash", "reward/reward.sh"],
         files_dir=reward_dir,
         files_dest="reward",
+        stdin_file=metadata.get("reward_stdin"),
         timeout_s=float(metadata.get("reward_timeout_s", reward_timeout_s)),
         name=f"reward.sh[{entry.task_id}]",
     )
