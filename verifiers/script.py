@@ -66,7 +66,8 @@ class ScriptVerifier(BaseVerifier):
 
     What the agent left at `files_dest` is removed whole first (the folder is replaced, never merged: a
     planted `reward/json.py` would shadow the checker's `import json`), and Python runs with
-    `ISOLATED_PYTHON_ENV`. `stdin_file` names one of the verifier's files that is never written into the
+    `ISOLATED_PYTHON_ENV` (a checker that imports a module beside it adds its own folder to `sys.path`, or
+    passes `env={"PYTHONSAFEPATH": ""}`: its folder now holds only its files). `stdin_file` names one of the verifier's files that is never written into the
     sandbox: its content reaches the command on stdin only, so the agent's program, which the checker may
     run, has no file to read the expected answers from.
     """
