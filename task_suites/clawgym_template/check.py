@@ -5,8 +5,9 @@ Prints one JSON line of named sub-scores, then their mean as the last line (the 
 The spec (expected answers, hidden test inputs) arrives on stdin, never as a file in the sandbox. The
 checker runs the agent's own scripts, so it guards itself against them: it is not dumpable (a program it
 runs cannot read its memory or reach its stdout through /proc/<pid>/fd), each program gets no stdin, a
-scrubbed environment and its own session, and before any score is printed every process other than the
-checker and its ancestors is killed (a `setsid` daemon the program started included).
+scrubbed environment and its own session (killed when it ends), and in a ClawGym bubblewrap sandbox
+every process other than the checker and its ancestors is killed before any score is printed (a `setsid`
+daemon the program started included).
 """
 
 import ctypes
@@ -128,6 +129,10 @@ def run_program(argv):
     except subprocess.TimeoutExpired:
         out = None
     finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its session; a `setsid` escapee is left to the sweep below
+        except (ProcessLookupError, PermissionError):
+            pass
         end_other_processes()
         proc.communicate()
     return lines(out) if out is not None and proc.returncode == 0 else None
@@ -142,8 +147,21 @@ def ancestors():
     return pids
 
 
+def in_own_sandbox():
+    """Whether this runs in a ClawGym bubblewrap sandbox (bwrap is PID 1), where every process but this
+    checker and its ancestors is one the checked program left. Anywhere else (the host, a remote sandbox
+    with its own agent) nothing is swept: those processes are not the program's."""
+    try:
+        with open("/proc/1/comm") as f:
+            return f.read().strip() == "bwrap"
+    except OSError:
+        return False
+
+
 def end_other_processes():
     """Kill everything but this checker and its ancestors (the sandbox's init): what a program left behind."""
+    if not IN_OWN_SANDBOX:
+        return
     keep = ancestors()
     for _ in range(100):
         others = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if pid not in keep and alive(pid)]
@@ -162,6 +180,9 @@ def alive(pid):
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+IN_OWN_SANDBOX = in_own_sandbox()
 
 
 def main():
