@@ -12,6 +12,8 @@ real local sandbox, each on a real ClawGymBench task through the verification st
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +182,25 @@ def _spec(task: TaskSpec) -> dict:
     verifier = task.verifier
     assert isinstance(verifier, ScriptVerifier) and verifier.files_dir is not None
     return json.loads((verifier.files_dir / "spec.json").read_text())
+
+
+def test_the_checker_sweeps_nothing_outside_a_clawgym_sandbox(tmp_path) -> None:
+    """Run where PID 1 is not bwrap (here: a PID namespace of its own, so a broken guard harms nothing
+    else), the checker kills only its program's session: a process it did not start lives on."""
+    spec = {
+        "checks": [
+            {"name": "out", "kind": "script_output", "script": "prog.py", "cases": [{"args": [], "stdout": "x"}]}
+        ]
+    }
+    (tmp_path / "prog.py").write_text("print('x')\n")
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    check = Path(clawgymbench.TEMPLATE / "check.py")
+    script = f"sleep 30 & python3 -I {check} < spec.json; kill -0 $! && echo bystander-alive"
+    run = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.stdout.split() == ['{"out":', "1.0}", "1.0", "bystander-alive"], run.stdout + run.stderr
