@@ -2,18 +2,20 @@
 
 Each check reads files under the host copy of the workspace and returns a `CheckOutcome` (score in
 [0, 1] and a one-line detail). A missing or malformed file is the agent's failure (score 0 with the
-reason), not a verifier error. `FileChecksVerifier` runs a list of checks as named sub-scores.
+reason), not a verifier error. `FileChecksVerifier` runs a list of checks as named sub-scores, in a child
+process with a memory and a time limit (`verifiers.isolated`): a file built to be slow or huge to parse stalls
+neither the event loop nor the host.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import csv
 import io
 import json
 import os
 import re
+import reprlib
 import sqlite3
 import stat
 from collections.abc import Mapping, Sequence
@@ -31,6 +33,7 @@ from verifiers.base import (
     host_workspace,
     weighted_mean,
 )
+from verifiers.isolated import DEFAULT_MEMORY_MB, CheckLimitError, run_isolated
 
 
 def refuse_outside(workspace: Path, target: Path) -> str | None:
@@ -65,6 +68,15 @@ def _ok(detail: str = "ok") -> CheckOutcome:
 
 def _fail(detail: str) -> CheckOutcome:
     return CheckOutcome(0.0, detail)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 120
+
+
+def _shown(value: Any) -> str:
+    """A value read from the agent's file, for a detail: its repr cut short (a cell may hold 300 MB)."""
+    return _SHORT.repr(value)
 
 
 def values_match(actual: Any, expected: Any, rel_tol: float = 1e-2) -> bool:
@@ -304,7 +316,7 @@ class JsonMatches(FileCheck):
                 facts.append((False, f"{key} missing"))
                 continue
             ok = values_match(got, want, self.rel_tol)
-            facts.append((ok, f"{key}={got!r}" + ("" if ok else f" (expected {want!r})")))
+            facts.append((ok, f"{key}={_shown(got)}" + ("" if ok else f" (expected {want!r})")))
         score = sum(ok for ok, _ in facts) / len(facts)
         return CheckOutcome(score, "; ".join(d for ok, d in facts if not ok) or "all values match")
 
@@ -342,7 +354,7 @@ class SqliteQuery(FileCheck):
         return (
             _ok(f"query returned the expected {len(want)} rows")
             if ok
-            else _fail(f"query returned {rows[:5]!r}{'...' if len(rows) > 5 else ''}, expected {want[:5]!r}")
+            else _fail(f"query returned {_shown(rows[:5])}{'...' if len(rows) > 5 else ''}, expected {want[:5]!r}")
         )
 
 
@@ -376,7 +388,7 @@ class XlsxCells(FileCheck):
                 if values_match(got, want, self.rel_tol):
                     good += 1
                 else:
-                    bad.append(f"{ref}={got!r} (expected {want!r})")
+                    bad.append(f"{ref}={_shown(got)} (expected {want!r})")
         finally:
             wb.close()
         return CheckOutcome(good / len(self.cells), "; ".join(bad) or "all cells match")
@@ -417,7 +429,10 @@ class DocxText(FileCheck):
 
 
 class FileChecksVerifier(BaseVerifier):
-    """Runs file checks as named sub-scores; reward is their weighted mean."""
+    """Runs file checks as named sub-scores; reward is their weighted mean.
+
+    The checks run in a child process of `memory_mb` MiB of address space, killed at `timeout_s`.
+    """
 
     def __init__(
         self,
@@ -426,6 +441,7 @@ class FileChecksVerifier(BaseVerifier):
         weights: Mapping[str, float] | None = None,
         name: str = "file_checks",
         timeout_s: float = 60.0,
+        memory_mb: int = DEFAULT_MEMORY_MB,
     ) -> None:
         if not checks:
             raise VerifierConfigError("FileChecksVerifier needs at least one check")
@@ -438,6 +454,7 @@ class FileChecksVerifier(BaseVerifier):
         self.weights = dict(weights or {})
         self.name = name
         self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
 
     def run_checks(self, workspace: Path) -> VerifierResult:
         outcomes = {c.name: c.run(workspace) for c in self.checks}
@@ -449,4 +466,9 @@ class FileChecksVerifier(BaseVerifier):
 
     async def _verify(self, ctx: VerifyContext) -> VerifierResult:
         async with host_workspace(ctx) as workspace:
-            return await asyncio.to_thread(self.run_checks, workspace)
+            try:
+                return await run_isolated(
+                    self.run_checks, workspace, timeout_s=self.timeout_s, memory_mb=self.memory_mb
+                )
+            except CheckLimitError as exc:
+                return VerifierResult.failure(f"{self.name} {exc}")

@@ -5,12 +5,13 @@
         return {"exists": (workspace / "answer.txt").exists(), "answer": ...}
 
 A function may also take the harness's final message as a second argument, or return a single float.
-It runs in a worker thread with a timeout; an exception or a score outside [0, 1] is a verifier error.
+It runs in a child process (`verifiers.isolated`: pickled with cloudpickle, so lambdas and closures work) with a
+memory limit (`memory_mb`) and a time limit (`timeout_s`); an exception, a limit reached or a score outside
+[0, 1] is a verifier error. An `async def` check runs on the event loop, as before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from typing import Any
 
 from clawgym_env.interfaces import VerifierResult, VerifyContext
 from verifiers.base import BaseVerifier, VerifierConfigError, check_weights, host_workspace, weighted_mean
+from verifiers.isolated import DEFAULT_MEMORY_MB, CheckLimitError, run_isolated
 
 
 def _as_score(name: str, value: Any) -> float:
@@ -39,6 +41,7 @@ class CheckFunctionVerifier(BaseVerifier):
         weights: Mapping[str, float] | None = None,
         name: str | None = None,
         timeout_s: float = 60.0,
+        memory_mb: int = DEFAULT_MEMORY_MB,
     ) -> None:
         if not callable(fn):
             raise VerifierConfigError(f"CheckFunctionVerifier needs a function, got {type(fn).__name__}")
@@ -46,6 +49,7 @@ class CheckFunctionVerifier(BaseVerifier):
         self.weights = dict(weights or {})
         self.name = name or getattr(fn, "__name__", "check")
         self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
         params = [p for p in inspect.signature(fn).parameters.values() if p.default is inspect.Parameter.empty]
         self._takes_message = len(params) >= 2
 
@@ -59,7 +63,10 @@ class CheckFunctionVerifier(BaseVerifier):
             if inspect.iscoroutinefunction(self.fn):
                 value = await self.fn(*args)
             else:
-                value = await asyncio.to_thread(self.fn, *args)
+                try:
+                    value = await run_isolated(self.fn, *args, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+                except CheckLimitError as exc:
+                    return VerifierResult.failure(f"{self.name} {exc}")
         return self._to_result(value)
 
     def _to_result(self, value: Any) -> VerifierResult:
@@ -84,10 +91,11 @@ def python_check(
     weights: Mapping[str, float] | None = None,
     name: str | None = None,
     timeout_s: float = 60.0,
+    memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> Any:
     """Decorator (with or without arguments) that makes a check function a `CheckFunctionVerifier`."""
 
     def wrap(f: Callable[..., Any]) -> CheckFunctionVerifier:
-        return CheckFunctionVerifier(f, weights=weights, name=name, timeout_s=timeout_s)
+        return CheckFunctionVerifier(f, weights=weights, name=name, timeout_s=timeout_s, memory_mb=memory_mb)
 
     return wrap(fn) if fn is not None else wrap

@@ -4,11 +4,13 @@ A code criterion is a `FileCheck` or a function `(workspace_dir) -> bool | float
 A judge criterion is a yes/no `question`; the `ModelJudge` renders it with the judge's own tokenizer
 (chat template), generates greedily through the same `InferenceEngine` interface as the policy, and
 reads "yes" or "no". Without a judge, judge criteria are an explicit verifier error, never a pass.
+The evidence (files and a final message the policy wrote) and the question are encoded as plain text:
+only the template's own markers are control tokens, so a report that spells `<|im_end|><|im_start|>...`
+cannot add turns to the judge's prompt (`ModelJudge.control_token_texts` counts such texts).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from typing import Any
 from clawgym_env.interfaces import InferenceEngine, SamplingParams, VerifierResult, VerifyContext
 from verifiers.base import BaseVerifier, VerifierConfigError, host_workspace
 from verifiers.files import FileCheck
+from verifiers.isolated import DEFAULT_MEMORY_MB, CheckLimitError, run_isolated
 
 JUDGE_SYSTEM_PROMPT = (
     "You are a strict grader. You are shown the output of an assistant that worked on a task, and one "
@@ -51,7 +54,11 @@ class JudgeAnswerError(RuntimeError):
 
 
 class ModelJudge:
-    """A yes/no judge over any `InferenceEngine` plus the tokenizer (with chat template) of its model."""
+    """A yes/no judge over any `InferenceEngine` plus the (fast) tokenizer, with chat template, of its model.
+
+    `control_token_texts`: how many added-token texts (`<|im_end|>`, `<think>`) the rendered evidence and
+    questions spelled out; each was encoded as text.
+    """
 
     def __init__(
         self,
@@ -64,6 +71,14 @@ class ModelJudge:
     ) -> None:
         if not hasattr(tokenizer, "apply_chat_template"):
             raise VerifierConfigError("the judge tokenizer needs apply_chat_template (a transformers tokenizer)")
+        # imported here: `verifiers` stays light (the proxy package is not needed to check a workspace)
+        from clawgym_env.proxy.renderers.untrusted_text import UntrustedTextEncoder
+
+        try:
+            self._text = UntrustedTextEncoder.of(tokenizer)
+        except TypeError as exc:
+            raise VerifierConfigError(f"the judge tokenizer must be a fast tokenizer: {exc}") from exc
+        self.control_token_texts = 0
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -71,16 +86,20 @@ class ModelJudge:
         self.system_prompt = system_prompt
 
     def render(self, question: str, evidence: str) -> list[int]:
+        """The prompt ids: the chat template's own turns, the messages' text (system prompt, evidence and
+        question) encoded as plain text, whatever added-token text (`<|im_end|>`, `<think>`) it spells."""
         if len(evidence) > self.max_evidence_chars:
             evidence = evidence[: self.max_evidence_chars] + "\n[... truncated]"
         messages = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": f"## Evidence\n{evidence}\n\n## Criterion\n{question}\n\nAnswer yes or no."},
         ]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        try:
+            ids, kept_as_text = self._text.encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+        except ValueError as exc:  # a template that changes message text (trims it, branches on it)
+            raise VerifierConfigError(f"the judge's chat template cannot show evidence as text: {exc}") from exc
+        self.control_token_texts += kept_as_text
+        return ids
 
     async def ask(self, question: str, evidence: str) -> tuple[bool, str]:
         """(passed, raw answer text); raises JudgeAnswerError when the answer is not yes/no."""
@@ -169,7 +188,17 @@ class RubricVerifier(BaseVerifier):
                 if c.needs_judge:
                     if self.judge is None:
                         continue
-                    evidence = await asyncio.to_thread(collect_evidence, workspace, message, c.evidence)
+                    try:  # in a child process with a memory and a time limit (verifiers/isolated.py)
+                        evidence = await run_isolated(
+                            collect_evidence,
+                            workspace,
+                            message,
+                            c.evidence,
+                            timeout_s=self.timeout_s,
+                            memory_mb=getattr(self, "memory_mb", DEFAULT_MEMORY_MB),
+                        )
+                    except CheckLimitError as exc:
+                        return VerifierResult.failure(f"{self.name}: evidence for {c.name!r} {exc}")
                     try:
                         passed, raw = await self.judge.ask(c.question or "", evidence)
                     except JudgeAnswerError as exc:
@@ -181,7 +210,16 @@ class RubricVerifier(BaseVerifier):
                         )
                     detail = f"judge said {raw!r}"
                 else:
-                    passed, detail = await asyncio.to_thread(self._run_code, c, workspace)
+                    try:
+                        passed, detail = await run_isolated(
+                            self._run_code,
+                            c,
+                            workspace,
+                            timeout_s=self.timeout_s,
+                            memory_mb=getattr(self, "memory_mb", DEFAULT_MEMORY_MB),
+                        )
+                    except CheckLimitError as exc:
+                        return VerifierResult.failure(f"{self.name}: criterion {c.name!r} {exc}")
                 results[c.name] = 1.0 if passed else 0.0
                 lines.append(f"{'PASS' if passed else 'FAIL'} {c.name} (w={c.weight:g}): {detail}")
         if needs_judge and self.judge is None:

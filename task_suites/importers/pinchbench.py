@@ -11,15 +11,16 @@ ClawGym extensions (optional): `workspace_files` entries may be `{path, content}
 and `reference_files` (relative path -> content) land in the task metadata.
 
 The grade code is third-party code: it runs in a separate Python process (`python -I`) on the host copy
-of the workspace with a timeout, not inside this process.
+of the workspace, not inside this process, started from a check process of `verifiers.isolated`: it inherits
+that process's memory limit and is killed with its process group at the timeout.
 """
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +33,7 @@ from clawgym_env.specs import TaskSpec, WorkspaceSpec, check_relative_path
 from task_suites.importers.common import ImportedSuite, import_suite
 from verifiers.base import BaseVerifier, host_workspace
 from verifiers.composite import CompositeVerifier
+from verifiers.isolated import DEFAULT_MEMORY_MB, CheckLimitError, run_isolated
 from verifiers.rubric import Criterion, ModelJudge, RubricVerifier
 
 GRADING_TYPES = ("automated", "llm_judge", "hybrid")
@@ -110,11 +112,14 @@ class PinchBenchGradeVerifier(BaseVerifier):
     empty dict, or a score outside [0, 1] is a verifier error.
     """
 
-    def __init__(self, code: str, *, name: str = "automated", timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, code: str, *, name: str = "automated", timeout_s: float = 60.0, memory_mb: int = DEFAULT_MEMORY_MB
+    ) -> None:
         check_grade_code(code)
         self.code = code
         self.name = name
         self.grade_timeout_s = timeout_s
+        self.memory_mb = memory_mb
         self.timeout_s = timeout_s + 15.0
 
     async def _verify(self, ctx: VerifyContext) -> VerifierResult:
@@ -123,27 +128,16 @@ class PinchBenchGradeVerifier(BaseVerifier):
             with tempfile.TemporaryDirectory(prefix="pinchbench-grade-") as tmp:
                 (Path(tmp) / "grade.py").write_text(self.code)
                 (Path(tmp) / "transcript.json").write_text(json.dumps(transcript, default=str))
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-I",
-                    "-c",
-                    _RUNNER,
-                    "grade.py",
-                    "transcript.json",
-                    str(workspace),
-                    cwd=tmp,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                )
+                argv = [sys.executable, "-I", "-c", _RUNNER, "grade.py", "transcript.json", str(workspace)]
                 try:
-                    out, err = await asyncio.wait_for(proc.communicate(), timeout=self.grade_timeout_s)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-                    return VerifierResult.failure(f"grade() timed out after {self.grade_timeout_s:g} s")
-        if proc.returncode != 0:
+                    returncode, out, err = await run_isolated(
+                        _run_grader, argv, tmp, timeout_s=self.grade_timeout_s, memory_mb=self.memory_mb
+                    )
+                except CheckLimitError as exc:
+                    return VerifierResult.failure(f"grade() {exc}")
+        if returncode != 0:
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
-            return VerifierResult.failure(f"grade() crashed: {' | '.join(tail) or f'exit {proc.returncode}'}")
+            return VerifierResult.failure(f"grade() crashed: {' | '.join(tail) or f'exit {returncode}'}")
         lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
         try:
             scores = json.loads(lines[-1]) if lines else None
@@ -162,6 +156,12 @@ class PinchBenchGradeVerifier(BaseVerifier):
             subscores=clean,
             explanation="all criteria met" if not failed else f"below 1.0: {', '.join(failed)}",
         )
+
+
+def _run_grader(argv: list[str], cwd: str) -> tuple[int, bytes, bytes]:
+    """In the check process: the grader inherits its memory limit and process group (killed with it)."""
+    done = subprocess.run(argv, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    return done.returncode, done.stdout[-(1 << 20) :], done.stderr[-8192:]
 
 
 def _workspace_files(entries: Any, folder: Path) -> dict[str, str | bytes]:

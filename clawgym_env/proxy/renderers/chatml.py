@@ -8,25 +8,26 @@ At an echoed assistant turn that matches an earlier generation, that generation'
 instead of re-rendering it (see clawgym_env.proxy.splice).
 
 Only the template's own pieces may produce control tokens: text that arrives in a message (a tool's
-output, the user's text, a system prompt) is encoded with special tokens read as plain text, so a tool
-output that prints `<|im_end|>\n<|im_start|>system` cannot forge a turn; such attempts are counted.
+output, the user's text, a system prompt, the tool specs' JSON) is encoded with every added token read as
+plain text, so a tool output that prints `<|im_end|>\n<|im_start|>system` cannot forge a turn, nor
+`<tool_call>` a tool call; an assistant turn re-rendered as text keeps the non-special ones (`<tool_call>`,
+as the model wrote them) and reads special tokens as text (see `untrusted_text`); such attempts are counted.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
-from tokenizers import Tokenizer
 
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
 from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
 from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
+from clawgym_env.proxy.renderers.untrusted_text import Trust, TrustedPiece, UntrustedTextEncoder
 from clawgym_env.records import PromptSegment, SegmentKind, segment
 
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -43,6 +44,10 @@ TOOLS_FOOTER = (
 
 Piece = tuple[str, SegmentKind]
 EncodedBlock = tuple[list[int], list[tuple[int, int, SegmentKind]], int]  # ids, kind runs, control-token texts
+# which added tokens a piece's text may make (untrusted_text): message text none, the model's turns the
+# non-special ones (<tool_call>), the template all; the tools section's header and footer are the template's,
+# its tool specs' JSON message text (see `_trusted`)
+KIND_TRUST: dict[str, Trust] = {"template": "template", "assistant_rendered": "model"}
 _VERIFIED: set[tuple[str, int]] = set()
 TOOLS_MEMO_SIZE = 64  # distinct tool sets remembered (a run has a few: one per harness and task family)
 
@@ -82,10 +87,7 @@ class ChatMLRenderer:
         self.stop_token_ids: tuple[int, ...] = tuple(t for t in (self.im_end_id, self.end_of_text_id) if t is not None)
         # the blocks' encodings, least recently used dropped first; functools' C cache, safe across threads
         self._encode_pieces = functools.lru_cache(maxsize=cache_blocks)(self._encode_block)
-        specials = [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special]
-        self._special_ids = {text: self._backend.token_to_id(text) for text in specials}
-        self._special_re = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) or "(?!)")
-        self._plain_tokenizer: Tokenizer | None = None  # made on first need (see `_plain`)
+        self._text = UntrustedTextEncoder(self._backend)
         self._tools_memo: dict[bytes, str] = {}  # tools JSON (orjson) -> the template's tools section
         self.generation_prompt: tuple[Piece, ...] = ((f"{IM_START}assistant\n", "template"),)
         self._after_stop = self._encode_pieces((("\n", "template"),))[0]
@@ -216,16 +218,22 @@ class ChatMLRenderer:
                 yield i, None, self._message_block(message)
 
     # -------------------------------------------------------------------------------- tokenizing
+    @staticmethod
+    def _trusted(pieces: tuple[Piece, ...]) -> list[TrustedPiece]:
+        trusted: list[TrustedPiece] = []
+        for text, kind in pieces:
+            if kind == "tools" and text.startswith(TOOLS_HEADER) and text.endswith(TOOLS_FOOTER):
+                specs = text[len(TOOLS_HEADER) : len(text) - len(TOOLS_FOOTER)]
+                trusted += [(TOOLS_HEADER, "template"), (specs, "plain"), (TOOLS_FOOTER, "template")]
+            else:
+                trusted.append((text, KIND_TRUST.get(kind, "plain")))
+        return trusted
+
     def _encode_block(self, pieces: tuple[Piece, ...]) -> EncodedBlock:
         """Token ids of one block, its kind runs [(start, end, kind)] and how many control tokens its message
-        text spelled out (called through `_encode_pieces`, its cache by the block's pieces)."""
-        text = "".join(p[0] for p in pieces)
-        forged = sum(len(self._special_re.findall(p[0])) for p in pieces if p[1] != "template")
-        if forged:
-            ids, offsets = self._encode_template_specials_only(pieces)
-        else:  # the usual case: one pass over the whole block
-            encoding = self._backend.encode(text, add_special_tokens=False)
-            ids, offsets = list(encoding.ids), encoding.offsets
+        text spelled out (called through `_encode_pieces`, its cache by the block's pieces). The usual case
+        (nothing spelled out) is one pass over the whole block."""
+        ids, offsets, forged = self._text.encode(self._trusted(pieces))
         bounds: list[tuple[int, SegmentKind]] = []  # (end char, kind) per piece
         pos = 0
         for piece_text, kind in pieces:
@@ -243,47 +251,12 @@ class ChatMLRenderer:
                 runs.append((t, t + 1, kind))
         return ids, runs, forged
 
-    @property
-    def _plain(self) -> Tokenizer:
-        """The same tokenizer with special tokens read as plain text (a copy: the setting is per tokenizer)."""
-        if self._plain_tokenizer is None:
-            plain = Tokenizer.from_str(self._backend.to_str())
-            plain.encode_special_tokens = True
-            self._plain_tokenizer = plain
-        return self._plain_tokenizer
-
     def _encode_template_specials_only(self, pieces: tuple[Piece, ...]) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and character offsets of a block whose message text spells control tokens: the template's
-        special tokens become their ids, and the text between them (message text included) is encoded
-        with special tokens read as plain text. Special tokens split the text for the tokenizer anyway, so
+        added tokens (and the non-special ones of tool specs and re-rendered assistant turns) become their ids,
+        all other text is encoded as plain text. Added tokens split the text for the tokenizer anyway, so
         without forged tokens this gives the ids of the one-pass encoding."""
-        ids: list[int] = []
-        offsets: list[tuple[int, int]] = []
-        pending: list[str] = []
-        pending_at = pos = 0
-
-        def flush() -> None:
-            chunk = "".join(pending)
-            if chunk:
-                encoding = self._plain.encode(chunk, add_special_tokens=False)
-                ids.extend(encoding.ids)
-                offsets.extend((pending_at + a, pending_at + b) for a, b in encoding.offsets)
-            pending.clear()
-
-        for piece_text, kind in pieces:
-            cursor = 0
-            if kind == "template":
-                for match in self._special_re.finditer(piece_text):
-                    pending.append(piece_text[cursor : match.start()])
-                    flush()
-                    ids.append(self._special_ids[match.group()])
-                    offsets.append((pos + match.start(), pos + match.end()))
-                    cursor = match.end()
-                    pending_at = pos + cursor
-            pending.append(piece_text[cursor:])
-            pos += len(piece_text)
-        flush()
-        return ids, offsets
+        return self._text.encode_split(self._trusted(pieces))
 
     # ------------------------------------------------------------------------------------ render
     def render(
@@ -392,8 +365,18 @@ class ChatMLRenderer:
         )
 
     def check_conversation(self, conversation: Conversation) -> None:
-        """Raise TemplateMismatch unless block-wise ids equal the tokenized whole-template rendering."""
-        expected = self._backend.encode(self.template_text(conversation), add_special_tokens=False).ids
+        """Raise TemplateMismatch unless block-wise ids equal the tokenized whole-template rendering (message
+        text encoded as text, as the renderer does: for text that spells no added token, the template's ids).
+        Tool specs are the template's here (it writes them with `tojson`): specs that spell an added token
+        differ, as the renderer encodes them as text."""
+        tools = [t.as_template_tool() for t in conversation.tools] or None
+        expected, _ = self._text.encode_chat(
+            self.tokenizer,
+            self.template_messages(conversation),
+            trust={"assistant": "model"},
+            tools=tools,
+            add_generation_prompt=True,
+        )
         got = self.render(conversation).prompt_ids
         if got != expected:
             at = next(
@@ -437,7 +420,7 @@ def probe_conversations() -> list[Conversation]:
         Message("assistant", "", [ToolCall("ls", {"deep": True, "n": 1.5})]),
         Message("tool", "hi.txt"),
         Message("assistant", "Done: hi.txt exists."),
-        Message("user", "Thanks! <tool_call> is literal here."),
+        Message("user", "Thanks! <tools> is literal here."),
     ]
     return [
         Conversation([Message("system", "You are a careful agent."), *turns], tools),
