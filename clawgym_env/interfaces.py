@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,51 @@ class ExecResult(BaseModel):
     duration_s: float = 0.0
     timed_out: bool = False
     killed_reason: str | None = None  # "timeout", "memory", "pids", ... when the sandbox killed it
+    # Output past `SandboxLimits.max_output_bytes` per stream: its first and last halves are kept, the bytes in
+    # between drained, dropped and counted here, and the text carries `dropped_marker(n)` where they were.
+    stdout_dropped_bytes: int = 0
+    stderr_dropped_bytes: int = 0
+
+
+def dropped_marker(dropped: int) -> bytes:
+    """What stands in an ExecResult's text where `dropped` bytes of output were left out."""
+    return f"\n[clawgym: {dropped} bytes dropped]\n".encode()
+
+
+class OutputCap:
+    """One output stream kept to `cap` bytes as it arrives: the first half and the last half; what falls in
+    between is dropped (and counted), so memory stays near `cap` however much a command writes."""
+
+    def __init__(self, cap: int) -> None:
+        self.tail_cap = cap // 2
+        self.head_cap = cap - self.tail_cap
+        self.head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_len = 0
+        self._dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self._tail.append(bytes(data))
+        self._tail_len += len(data)
+        while self._tail and self._tail_len - len(self._tail[0]) >= self.tail_cap:
+            first = self._tail.popleft()  # whole chunks leave the tail: no copying of what stays
+            self._tail_len -= len(first)
+            self._dropped += len(first)
+
+    def result(self) -> tuple[bytes, int]:
+        """(the kept bytes, with the marker where bytes were dropped; how many were dropped)."""
+        tail = b"".join(self._tail)
+        extra = max(0, len(tail) - self.tail_cap)
+        dropped = self._dropped + extra
+        if not dropped:
+            return bytes(self.head) + tail, 0
+        return bytes(self.head) + dropped_marker(dropped) + tail[extra:], dropped
 
 
 class SandboxLimits(BaseModel):
@@ -43,6 +89,8 @@ class SandboxLimits(BaseModel):
     memory_mb: int = Field(default=4096, gt=0)
     max_processes: int = Field(default=512, gt=0)
     workspace_mb: int = Field(default=1024, gt=0)
+    # Per stream of one command: past it, the head and tail halves are kept (see ExecResult).
+    max_output_bytes: int = Field(default=16 << 20, ge=2)
 
 
 class ProxyEndpoint(BaseModel):

@@ -8,7 +8,6 @@ the proxy's durable log) and still rebuilt into the forest for inspection.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import tempfile
 import time
 import traceback
@@ -31,6 +30,7 @@ from clawgym_env.interfaces import (
     VerifyContext,
 )
 from clawgym_env.records import ModelCall
+from clawgym_env.sandbox.host_files import remove_tree
 from clawgym_env.specs import ApiStyle, EnvOptions, TaskSpec
 from clawgym_env.trajectory import TrajectoryForest
 
@@ -331,8 +331,8 @@ async def verify_stage(
     except Exception as exc:  # noqa: BLE001 - a crashed verifier is an error, not a zero
         return VerifierResult.failure(f"{type(exc).__name__}: {exc}")
     finally:
-        if not keep:
-            shutil.rmtree(base, ignore_errors=True)
+        if not keep:  # rm -rf in a thread: whatever the agent left (4,096 nested folders, 100,000 files)
+            await asyncio.to_thread(remove_tree, base)
 
 
 _verify = verify_stage  # the name older callers use

@@ -7,13 +7,13 @@ silent 0: a 0 would teach the policy that a good answer was wrong.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from clawgym_env.interfaces import VerifierResult, VerifyContext
+from clawgym_env.sandbox.host_files import remove_tree
 
 
 class VerifierConfigError(ValueError):
@@ -57,8 +57,8 @@ async def host_workspace(ctx: VerifyContext) -> AsyncIterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="clawgym-verify-"))
     try:
         yield Path(await ctx.sandbox.download_workspace(tmp / "workspace"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    finally:  # rm -rf off the event loop: any depth, any number of files
+        await asyncio.to_thread(remove_tree, tmp)
 
 
 def weighted_mean(scores: dict[str, float], weights: dict[str, float] | None = None) -> float:

@@ -10,6 +10,7 @@ import array
 import asyncio
 import atexit
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -25,11 +26,11 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
-from clawgym_env.interfaces import ExecResult, ProxyEndpoint, SandboxLimits
+from clawgym_env.interfaces import ExecResult, OutputCap, ProxyEndpoint, SandboxLimits
 from clawgym_env.sandbox import bwrap_args
 from clawgym_env.sandbox.bwrap_args import (
     INIT_INSIDE,
@@ -332,11 +333,13 @@ class LocalSandbox:
         code, out, err, duration, reason = await self._run(command, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin)
         return ExecResult(
             exit_code=code,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stdout=out.data.decode(errors="replace"),
+            stderr=err.data.decode(errors="replace"),
             duration_s=duration,
             timed_out=reason in ("timeout", "wall_time"),
             killed_reason=reason,
+            stdout_dropped_bytes=out.dropped,
+            stderr_dropped_bytes=err.dropped,
         )
 
     async def _run(
@@ -347,7 +350,10 @@ class LocalSandbox:
         env: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
         stdin: bytes | None = None,
-    ) -> tuple[int, bytes, bytes, float, str | None]:
+        max_output: int | None = None,
+    ) -> tuple[int, _Output, _Output, float, str | None]:
+        """(exit code, stdout, stderr, seconds, killed reason); each stream kept to `max_output` bytes (default:
+        the sandbox's `max_output_bytes`), its head and tail, the rest drained and dropped as it comes."""
         self._check_alive()
         if isinstance(command, str):
             argv = ["/bin/sh", "-c", command]
@@ -373,7 +379,8 @@ class LocalSandbox:
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         in_read, in_write = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
-        out_buf, err_buf = bytearray(), bytearray()
+        cap = max_output or self.limits.max_output_bytes
+        out_buf, err_buf = OutputCap(cap), OutputCap(cap)
         readers = [asyncio.create_task(_drain(out_read, out_buf)), asyncio.create_task(_drain(err_read, err_buf))]
         oom_before = self._cgroup.oom_kills() if self._cgroup else 0
         forks_before = self._cgroup.fork_refusals() if self._cgroup else 0
@@ -419,16 +426,18 @@ class LocalSandbox:
         duration = time.monotonic() - started
 
         if message["op"] == "error":
-            err_buf += f"clawgym sandbox: cannot run {argv[0]!r}: {message['error']}\n".encode()
-            return 127, bytes(out_buf), bytes(err_buf), duration, reason
+            err_buf.add(f"clawgym sandbox: cannot run {argv[0]!r}: {message['error']}\n".encode())
+        out, err = _Output(*out_buf.result()), _Output(*err_buf.result())
+        if message["op"] == "error":
+            return 127, out, err, duration, reason
         if message["op"] == "gone":
             if reason is None and self._cgroup is not None and self._cgroup.oom_kills() > oom_before:
                 reason = "memory"  # the kernel's OOM killer ended the sandbox's init
-            return 137, bytes(out_buf), bytes(err_buf), duration, reason or message["reason"]
+            return 137, out, err, duration, reason or message["reason"]
         code = int(message["code"])
         if reason is None and code != 0:
-            reason = self._explain_failure(message, err_buf, oom_before, forks_before)
-        return code, bytes(out_buf), bytes(err_buf), duration, reason
+            reason = self._explain_failure(message, err.data, oom_before, forks_before)
+        return code, out, err, duration, reason
 
     def _explain_failure(
         self, message: dict[str, Any], stderr: bytes, oom_before: int, forks_before: int
@@ -513,10 +522,14 @@ class LocalSandbox:
         where, target = self._resolve(path)
         if where == "workspace":
             return await self._on_host(read_beneath, self.workspace_dir, target)
-        code, out, err, _, _ = await self._run(["cat", "--", target], timeout_s=60)
+        # /tmp is a tmpfs of workspace_mb: no file there is larger
+        largest = self.limits.workspace_mb * 1024 * 1024
+        code, out, err, _, _ = await self._run(["cat", "--", target], timeout_s=60, max_output=largest + 2)
         if code != 0:
-            raise FileNotFoundError(f"cannot read {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
-        return out
+            raise FileNotFoundError(f"cannot read {path} in sandbox {self.id}: {err.text.strip()}")
+        if out.dropped:
+            raise OSError(f"cannot read {path} in sandbox {self.id}: larger than {largest} bytes")
+        return out.data
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         self._check_alive()
@@ -528,7 +541,7 @@ class LocalSandbox:
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
         code, _, err, _, _ = await self._run(["/bin/sh", "-c", script, "sh", target], stdin=payload, timeout_s=60)
         if code != 0:
-            raise OSError(f"cannot write {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
+            raise OSError(f"cannot write {path} in sandbox {self.id}: {err.text.strip()}")
 
     async def list_files(self, path: str | None = None) -> list[str]:
         """Files (recursively, not folders) under `path` (default: the workspace), relative to it, sorted."""
@@ -540,18 +553,22 @@ class LocalSandbox:
             ["find", target, "-mindepth", "1", "-not", "-type", "d", "-printf", "%P\\n"], timeout_s=60
         )
         if code != 0:
-            raise FileNotFoundError(f"cannot list {path} in sandbox {self.id}: {err.decode(errors='replace').strip()}")
-        return sorted(line for line in out.decode(errors="replace").splitlines() if line)
+            raise FileNotFoundError(f"cannot list {path} in sandbox {self.id}: {err.text.strip()}")
+        if out.dropped:
+            raise OSError(f"cannot list {path} in sandbox {self.id}: the listing is over {len(out.data)} bytes")
+        return sorted(line for line in out.text.splitlines() if line)
 
     async def download_workspace(self, dest: Path) -> Path:
         """Copy the workspace to `dest` on the host: folders, regular files without setuid/setgid bits, and
         links that stay inside; FIFOs, sockets, devices and links out are skipped and counted in
-        `last_download` (a DownloadReport)."""
+        `last_download` (a DownloadReport). Bounded by the workspace's size in apparent bytes (sparse files at
+        their full length) and host_files' limits on names, depth and links: what is over is refused."""
         self._check_alive()
         dest = Path(dest)
-        self.last_download = await self._on_host(copy_workspace, self.workspace_dir, dest, self.workspace_path)
-        if self.last_download.skipped:
-            log.info("download of %s skipped %s", self.id, self.last_download.skipped)
+        copy = functools.partial(copy_workspace, max_bytes=self.limits.workspace_mb * 1024 * 1024)
+        self.last_download = await self._on_host(copy, self.workspace_dir, dest, self.workspace_path)
+        if self.last_download.refused:
+            log.info("download of %s refused %s", self.id, self.last_download.refused)
         return dest
 
     async def _on_host(self, func: Any, *args: Any) -> Any:
@@ -646,13 +663,41 @@ class LocalSandbox:
 
 
 # ------------------------------------------------------------------------------------------- pipes
-async def _drain(fd: int, buffer: bytearray) -> None:
+class _Output(NamedTuple):
+    """One stream of a command as kept: its bytes (a marker where the middle was dropped), bytes dropped."""
+
+    data: bytes
+    dropped: int
+
+    @property
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+class _PipeReader(asyncio.Protocol):
+    """Feeds everything a pipe delivers to an OutputCap, never pausing: the writer never blocks on us."""
+
+    def __init__(self, buffer: OutputCap, done: asyncio.Future[None]) -> None:
+        self.buffer = buffer
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer.add(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _drain(fd: int, buffer: OutputCap) -> None:
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    done: asyncio.Future[None] = loop.create_future()
+    transport, _ = await loop.connect_read_pipe(lambda: _PipeReader(buffer, done), os.fdopen(fd, "rb", 0))
     try:
-        while chunk := await reader.read(1 << 16):
-            buffer += chunk
+        await done
     finally:
         transport.close()
 

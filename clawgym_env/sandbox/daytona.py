@@ -8,6 +8,8 @@ except for the serving proxy's public host (ProxyEndpoint.public_url), which the
 
 Daytona's `process.exec` runs a shell string and returns one output stream, so `exec` wraps the command:
 stderr goes to a file that is appended, base64-encoded, after a random marker; stdin is uploaded first.
+Each stream is cut inside the sandbox to `SandboxLimits.max_output_bytes` (its head and tail halves, the
+dropped bytes counted in the ExecResult), so a command's output never reaches the host unbounded.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from clawgym_env.interfaces import ExecResult, ProxyEndpoint, SandboxLimits, SandboxUnavailable
+from clawgym_env.interfaces import (
+    ExecResult,
+    OutputCap,
+    ProxyEndpoint,
+    SandboxLimits,
+    SandboxUnavailable,
+    dropped_marker,
+)
 from clawgym_env.sandbox.workspace import materialize_workspace
 
 if TYPE_CHECKING:
@@ -245,13 +254,28 @@ class DaytonaSandbox:
         timeout_s: float = 600,
         stdin_path: str = "/dev/null",
     ) -> ExecResult:
-        marker = f"__CLAWGYM_{uuid.uuid4().hex}__"
-        err = f"{SCRATCH}/stderr-{marker}"
+        token = uuid.uuid4().hex
+        marker, middle = f"__CLAWGYM_{token}__", f"__CLAWGYM_MID_{token}__"
+        err = f"{SCRATCH}/stderr-{token}"
         cleanup = stdin_path if stdin_path != "/dev/null" else ""
         seconds = max(1, math.ceil(timeout_s))
+        cap = self.limits.max_output_bytes
+        tail = cap // 2
+        head = cap - tail
+        # stdout streams through `head`, then `tail` (which keeps only the last bytes): only `cap` bytes of it
+        # come back, with its full size (counted by dd), and the exit code, on fd 3 (no file a leftover process
+        # could rewrite); stderr's file is cut the same way. Neither the toolbox's reply nor the host ever holds
+        # more than about `cap` bytes of a command's output.
         wrapped = (
-            f"mkdir -p {SCRATCH}; timeout -s KILL {seconds} sh -c {shlex.quote(shell)} < {stdin_path} 2> {err}; "
-            f"code=$?; printf '%s' {marker}; base64 {err} | tr -d '\\n'; rm -f {err} {cleanup}; exit $code"
+            f"mkdir -p {SCRATCH}; exec 4>&1; "
+            f"st=$( {{ {{ timeout -s KILL {seconds} sh -c {shlex.quote(shell)} < {stdin_path} 2> {err} 3>&- 4>&-; "
+            f'echo "code=$?" >&3; }} | LC_ALL=C dd bs=65536 2>&3 | '
+            f"{{ head -c {head}; printf '%s' {middle}; tail -c {tail}; }} >&4; }} 3>&1 ); "
+            f"n=$(printf '%s\\n' \"$st\" | sed -n 's/^\\([0-9][0-9]*\\) byte.*/\\1/p'); "
+            f"code=$(printf '%s\\n' \"$st\" | sed -n 's/^code=//p'); e=$(wc -c < {err}); "
+            f'printf \'%s%s %s \' {marker} "${{n:-0}}" "${{e:-0}}"; '
+            f'if [ "${{e:-0}}" -gt {cap} ]; then head -c {head} {err}; tail -c {tail} {err}; else cat {err}; fi '
+            f"| base64 | tr -d '\\n'; rm -f {err} {cleanup}; exit \"${{code:-1}}\""
         )
         started = time.monotonic()
         response = await self._remote.process.exec(
@@ -261,9 +285,7 @@ class DaytonaSandbox:
             timeout=seconds + 10,
         )
         duration = time.monotonic() - started
-        output = response.result or ""
-        stdout, _, encoded = output.rpartition(marker) if marker in output else (output, "", "")
-        stderr = base64.b64decode(encoded).decode(errors="replace") if encoded else ""
+        stdout, stderr, dropped_out, dropped_err = _split_output(response.result or "", marker, middle, cap)
         code = int(response.exit_code if response.exit_code is not None else -1)
         reason = "timeout" if code == 137 and duration >= seconds - 0.5 else None
         return ExecResult(
@@ -273,6 +295,8 @@ class DaytonaSandbox:
             duration_s=duration,
             timed_out=reason is not None,
             killed_reason=reason,
+            stdout_dropped_bytes=dropped_out,
+            stderr_dropped_bytes=dropped_err,
         )
 
     def _inside(self, path: str) -> str:
@@ -329,6 +353,40 @@ class DaytonaSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.shield(self.destroy())
+
+
+def _split_output(output: str, marker: str, middle: str, cap: int) -> tuple[str, str, int, int]:
+    """(stdout, stderr, bytes dropped from each) from what `_shell`'s wrapper printed: stdout's head, `middle`,
+    its tail, then `marker`, the two streams' full sizes, and stderr (head and tail where over `cap`) in
+    base64. What came back is held to about `cap` per stream here too, whatever the toolbox sent."""
+    body, found, trailer = output.rpartition(marker)
+    if not found:  # the wrapper did not finish (the toolbox gave up): what came is stdout
+        stdout, dropped = _capped(output.encode(errors="replace"), cap)
+        return stdout, "", dropped, 0
+    try:
+        out_size, err_size, encoded = trailer.split(" ", 2)
+        sizes = (int(out_size), int(err_size))
+        err = base64.b64decode(encoded)
+    except ValueError:
+        sizes, err = (0, 0), b""
+    head, _, tail = body.partition(middle)
+    out = head.encode(errors="replace")
+    if sizes[0] > cap:  # the middle of stdout was drained and dropped inside
+        out += dropped_marker(sizes[0] - cap)
+    out += tail.encode(errors="replace")
+    if sizes[1] > cap:
+        err = err[: cap - cap // 2] + dropped_marker(sizes[1] - cap) + err[cap - cap // 2 :]
+    stdout, more_out = _capped(out, cap + 200)
+    stderr, more_err = _capped(err, cap + 200)
+    return stdout, stderr, max(0, sizes[0] - cap) + more_out, max(0, sizes[1] - cap) + more_err
+
+
+def _capped(data: bytes, cap: int) -> tuple[str, int]:
+    """`data` held to `cap` bytes (head and tail, a marker between), as text; bytes dropped."""
+    kept = OutputCap(cap)
+    kept.add(data)
+    text, dropped = kept.result()
+    return text.decode(errors="replace"), dropped
 
 
 def _tar_folder(folder: Path) -> bytes:

@@ -6,6 +6,11 @@ fds with O_NOFOLLOW (a link is never followed), O_NONBLOCK (a FIFO never blocks)
 result is a regular file; `copy_workspace` copies only folders, regular files (without setuid/setgid/sticky
 bits) and links that stay inside the copy, and counts what it skipped. The workspace itself is a tmpfs of
 the sandbox's size where the host allows mounting one, so the kernel stops writes at the disk limit.
+
+The copy is bounded too: by apparent size (a sparse file counts at its full length), names, folder depth and
+links; what is over a limit is refused, never expanded, and hard links to one file are copied once and
+linked again in the copy. Nothing here recurses (Python 3.11's os.fwalk and shutil.rmtree do: a
+4,096-deep tree raises RecursionError), and `remove_tree` is `rm -rf`, to be run off the event loop.
 """
 
 from __future__ import annotations
@@ -17,23 +22,47 @@ import os
 import posixpath
 import shutil
 import stat
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from clawgym_env.interfaces import SandboxLimits
+
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class DownloadReport(BaseModel):
-    """What `copy_workspace` copied, and what it refused (relative path -> why)."""
+# Bounds of one host copy (besides its size, by default the sandbox's `workspace_mb`).
+MAX_ENTRIES = 100_000  # names made on the host: folders, files, links
+MAX_DEPTH = 64  # folders below the workspace
+MAX_LINKS = 10_000  # symlinks plus further names of a hard-linked file
+MAX_PATH_CHARS = 2048  # a copied path relative to the copy (the host's PATH_MAX is 4096)
+MAX_LISTED = 1000  # refused paths listed by name in `DownloadReport.skipped`; all are counted in `refused`
+LINK_STEPS = 256  # path components walked to resolve one link of the copy that the kernel cannot
+DEFAULT_MAX_BYTES = SandboxLimits().workspace_mb << 20
 
-    files: int = 0
-    links: int = 0
+
+class DownloadReport(BaseModel):
+    """What `copy_workspace` copied, and what it refused: `refused` counts every refusal by reason,
+    `skipped` names the refused paths (relative path -> why; the first MAX_LISTED). A refused folder is one
+    refusal: what is inside it is neither walked nor counted."""
+
+    files: int = 0  # regular files copied (a hard-linked file once)
+    links: int = 0  # symlinks kept
+    hard_links: int = 0  # further names of a copied file, linked to it in the copy
+    folders: int = 0
+    bytes: int = 0  # apparent size (st_size) of the files copied
     skipped: dict[str, str] = Field(default_factory=dict)
+    refused: dict[str, int] = Field(default_factory=dict)
+
+    def refuse(self, rel: str, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+        if len(self.skipped) < MAX_LISTED:
+            self.skipped[rel] = why
 
 
 # ------------------------------------------------------------------------------- the workspace mount
@@ -155,48 +184,168 @@ def list_beneath(root: Path, rel: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ download
-def copy_workspace(source: Path, dest: Path, mount_path: str) -> DownloadReport:
+def copy_workspace(
+    source: Path,
+    dest: Path,
+    mount_path: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_entries: int | None = None,
+    max_depth: int | None = None,
+    max_links: int | None = None,
+) -> DownloadReport:
     """Copy the workspace `source` to `dest`: folders, regular files (mode bits 0o777 only) and links that
     stay inside; FIFOs, sockets, devices and links out of the workspace are skipped and reported.
 
-    `mount_path` is where the workspace is inside the sandbox: an absolute link under it stays inside.
+    Bounded: files whose apparent sizes (st_size) would take the copy past `max_bytes`, names past
+    `max_entries`, folders deeper than `max_depth` and links past `max_links` are refused (reported, not
+    copied); a refused folder is not walked. A file with several names is copied once and its other names
+    are hard links to that copy; runs of zeros (a sparse file's holes) stay holes. The walk is iterative
+    and holds one fd (two with its listing) per folder level open.
+
+    `mount_path` is where the workspace is inside the sandbox: an absolute link under it stays inside. The
+    limits left out are this module's MAX_ENTRIES, MAX_DEPTH and MAX_LINKS.
     """
+    max_entries = MAX_ENTRIES if max_entries is None else max_entries
+    max_depth = MAX_DEPTH if max_depth is None else max_depth
+    max_links = MAX_LINKS if max_links is None else max_links
     report = DownloadReport()
     dest.mkdir(parents=True, exist_ok=True)
+    inodes: dict[tuple[int, int], str | None] = {}  # a hard-linked file: its copy (None: refused)
+    kept_links: list[tuple[str, str]] = []
+    entries = links = 0
+    frames: list[tuple[int, Any, str, int]] = []  # (folder fd, its listing, relative path, depth)
     root_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        for top, dirs, files, top_fd in os.fwalk(dir_fd=root_fd, follow_symlinks=False):
-            for name in [*dirs, *files]:
-                rel = posixpath.normpath(posixpath.join(top, name))
-                target = dest / rel
-                info = os.lstat(name, dir_fd=top_fd)
-                if stat.S_ISDIR(info.st_mode):
-                    target.mkdir(exist_ok=True)
-                    os.chmod(target, (info.st_mode & 0o777) | 0o700)
-                elif stat.S_ISREG(info.st_mode):
-                    _copy_regular(name, top_fd, target, info.st_mode)
-                    report.files += 1
-                elif stat.S_ISLNK(info.st_mode):
-                    link = os.readlink(name, dir_fd=top_fd)
-                    inside = _link_inside(rel, link, mount_path)
-                    if inside is None:
-                        report.skipped[rel] = "link out of the workspace"
-                    else:
-                        target.symlink_to(inside)
-                        report.links += 1
-                else:
-                    report.skipped[rel] = _kind(info.st_mode)
-    finally:
+        frames.append((root_fd, os.scandir(root_fd), "", 0))
+    except BaseException:
         os.close(root_fd)
-    _drop_links_leaving(dest, report)
+        raise
+    try:
+        while frames:
+            dir_fd, listing, top, depth = frames[-1]
+            entry = next(listing, None)
+            if entry is None:
+                frames.pop()
+                listing.close()
+                os.close(dir_fd)
+                continue
+            name = entry.name
+            rel = f"{top}/{name}" if top else name
+            target = os.path.join(dest, rel)
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if entries >= max_entries:
+                report.refuse(rel, f"over the limit of {max_entries} names")
+                continue
+            if len(rel) > MAX_PATH_CHARS:
+                report.refuse(rel, f"path longer than {MAX_PATH_CHARS} characters")
+                continue
+            if is_dir and depth + 1 > max_depth:
+                report.refuse(rel, f"deeper than {max_depth} folders")
+                continue
+            try:
+                info = os.lstat(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                child_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    os.makedirs(target, exist_ok=True)
+                    os.chmod(target, (info.st_mode & 0o777) | 0o700)
+                    child_listing = os.scandir(child_fd)
+                except BaseException:
+                    os.close(child_fd)
+                    raise
+                frames.append((child_fd, child_listing, rel, depth + 1))
+                entries += 1
+                report.folders += 1
+            elif stat.S_ISREG(info.st_mode):
+                key = (info.st_dev, info.st_ino)
+                if info.st_nlink > 1 and key in inodes:
+                    first = inodes[key]
+                    if first is None:  # its first name was over the size budget
+                        report.refuse(rel, _over_bytes(max_bytes))
+                    elif links >= max_links:
+                        report.refuse(rel, f"over the limit of {max_links} links")
+                    else:
+                        os.link(first, target)
+                        links += 1
+                        entries += 1
+                        report.hard_links += 1
+                    continue
+                if report.bytes + info.st_size > max_bytes:
+                    report.refuse(rel, _over_bytes(max_bytes))
+                    if info.st_nlink > 1:
+                        inodes[key] = None
+                    continue
+                report.bytes += _copy_regular(name, dir_fd, target, info.st_mode, info.st_size)
+                report.files += 1
+                entries += 1
+                if info.st_nlink > 1:
+                    inodes[key] = target
+            elif stat.S_ISLNK(info.st_mode):
+                link = os.readlink(name, dir_fd=dir_fd)
+                inside = _link_inside(rel, link, mount_path)
+                if inside is None:
+                    report.refuse(rel, "link out of the workspace")
+                elif links >= max_links:
+                    report.refuse(rel, f"over the limit of {max_links} links")
+                else:
+                    os.symlink(inside, target)
+                    kept_links.append((rel, target))
+                    report.links += 1
+                    links += 1
+                    entries += 1
+            else:
+                report.refuse(rel, _kind(info.st_mode))
+    finally:
+        for dir_fd, listing, _, _ in frames:
+            listing.close()
+            os.close(dir_fd)
+    _drop_links_leaving(dest, kept_links, report)
     return report
 
 
-def _copy_regular(name: str, dir_fd: int, target: Path, mode: int) -> None:
+def _over_bytes(max_bytes: int) -> str:
+    return f"over the size budget of {max_bytes} bytes (apparent size)"
+
+
+ZEROS = bytes(1 << 20)
+
+
+def _copy_regular(name: str, dir_fd: int, target: str, mode: int, size: int) -> int:
+    """Copy at most `size` bytes (what was budgeted; the file cannot grow meanwhile, nothing runs inside),
+    leaving runs of zeros as holes; returns the bytes copied."""
     fd = open_regular(name, dir_fd)
-    with os.fdopen(fd, "rb") as src, open(target, "wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    os.chmod(target, mode & 0o777)  # never a setuid, setgid or sticky bit on host disk
+    copied = written = 0
+    try:
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while copied < size:
+                chunk = os.read(fd, min(len(ZEROS), size - copied))
+                if not chunk:
+                    break
+                if chunk == (ZEROS if len(chunk) == len(ZEROS) else bytes(len(chunk))):  # memcmp
+                    os.lseek(out, len(chunk), os.SEEK_CUR)  # a hole, not a run of zero blocks on host disk
+                else:
+                    _write_all(out, chunk)
+                    written = copied + len(chunk)
+                copied += len(chunk)
+            if written < copied:  # ends in a hole
+                os.ftruncate(out, copied)
+            if mode & 0o7777 != 0o600:
+                os.fchmod(out, mode & 0o777)  # never a setuid, setgid or sticky bit on host disk
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+    return copied
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _link_inside(rel: str, link: str, mount_path: str) -> str | None:
@@ -210,18 +359,55 @@ def _link_inside(rel: str, link: str, mount_path: str) -> str | None:
     return None if resolved == ".." or resolved.startswith("../") else link
 
 
-def _drop_links_leaving(dest: Path, report: DownloadReport) -> None:
+def _drop_links_leaving(dest: Path, kept: list[tuple[str, str]], report: DownloadReport) -> None:
     """Links through other links may still resolve outside: check each kept one on the (static) copy."""
     real_dest = os.path.realpath(dest)
-    for top, dirs, files in os.walk(dest):
-        for name in [*dirs, *files]:
-            path = os.path.join(top, name)
-            if os.path.islink(path):
-                real = os.path.realpath(path)
-                if real != real_dest and not real.startswith(real_dest + "/"):
-                    os.unlink(path)
-                    report.links -= 1
-                    report.skipped[os.path.relpath(path, dest)] = "link out of the workspace"
+    for rel, path in kept:
+        if not _resolves_inside(real_dest, rel):
+            os.unlink(path)
+            report.links -= 1
+            report.refuse(rel, "link out of the workspace")
+
+
+def _resolves_inside(real_dest: str, rel: str) -> bool:
+    """Whether the link at `rel` in the copy at `real_dest` resolves inside it: by the kernel (at most 40 links
+    deep), or where it dangles, component by component as os.path.realpath would (which recurses once per
+    link in 3.11), in at most LINK_STEPS steps; a link too deep for either counts as leaving."""
+    try:
+        fd = os.open(os.path.join(real_dest, rel), os.O_PATH | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # dangles (somewhere on the way): resolved below as realpath does
+    except OSError:
+        return False  # ELOOP: more than 40 links deep
+    else:
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        return real == real_dest or real.startswith(real_dest + "/")
+    pending = list(reversed(rel.split("/")))
+    resolved: list[str] = []
+    for _ in range(LINK_STEPS):
+        if not pending:
+            return True
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not resolved:
+                return False
+            resolved.pop()
+            continue
+        here = os.path.join(real_dest, *resolved, part)
+        try:
+            target = os.readlink(here)
+        except OSError:
+            resolved.append(part)  # a folder, a file or nothing: taken as named
+            continue
+        if os.path.isabs(target):
+            return False  # the copy makes only relative links
+        pending.extend(reversed(target.split("/")))
+    return False
 
 
 def _kind(mode: int) -> str:
@@ -235,23 +421,41 @@ def _kind(mode: int) -> str:
 
 
 def disk_usage(root: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + dirnames:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    """Bytes on disk under `root` (iterative: os.walk recurses in 3.11; what lies past PATH_MAX is not seen)."""
+    total, stack = 0, [os.fspath(root)]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
     return total
 
 
 def remove_tree(path: Path) -> None:
-    """rm -rf that also copes with folders a sandboxed command made read-only."""
+    """rm -rf, of any depth, also of folders a sandboxed command made read-only; never raises.
 
-    def fix_and_retry(func: Any, target: str, _exc: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-        with contextlib.suppress(OSError):
-            func(target)
+    It blocks (a copy of 100,000 files takes seconds): call it off the event loop
+    (`await asyncio.to_thread(remove_tree, path)`)."""
+    path = Path(path)
+    for attempt in ([], ["chmod", "-R", "u+rwx", "--", str(path)]):
+        if not _lexists(path):
+            return
+        try:
+            if attempt:  # a folder left without write or search permission (a root caller needs none)
+                subprocess.run(attempt, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+            subprocess.run(["rm", "-rf", "--", str(path)], stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        except OSError:
+            with contextlib.suppress(Exception):  # no rm here: a shallow tree still goes
+                shutil.rmtree(path, ignore_errors=True)
 
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=fix_and_retry)
+
+def _lexists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
