@@ -40,24 +40,13 @@ import httpx
 import pytest
 
 from clawgym_env.engines.scripted import ScriptedTestEngine
-from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy, ProxyEndpoint, RolloutLimits
-from clawgym_env.proxy import ChatMLRenderer, ProxyGuards, ServingProxy
+from clawgym_env.proxy import ProxyGuards, ServingProxy
 from clawgym_env.records import CallLog, ModelCall, read_calls, receipts_path
 
 REPO = Path(__file__).resolve().parents[2]
 MESSAGES, CHAT, RESPONSES = "/v1/messages", "/v1/chat/completions", "/v1/responses"
 MB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_qwen_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def renderer(tokenizer):
-    return ChatMLRenderer(tokenizer)
 
 
 def scripted(tokenizer, renderer, completions, max_context: int = 32_768) -> Policy:
