@@ -150,6 +150,7 @@ class RubricVerifier(BaseVerifier):
         judge: ModelJudge | None = None,
         name: str = "rubric",
         timeout_s: float = 300.0,
+        memory_mb: int = DEFAULT_MEMORY_MB,
     ) -> None:
         if not criteria:
             raise VerifierConfigError("RubricVerifier needs at least one criterion")
@@ -162,6 +163,7 @@ class RubricVerifier(BaseVerifier):
         self.judge = judge
         self.name = name
         self.timeout_s = timeout_s
+        self.memory_mb = memory_mb  # of each child process running code criteria and collecting evidence
 
     @staticmethod
     def _run_code(criterion: Criterion, workspace: Path) -> tuple[bool, str]:
@@ -195,7 +197,7 @@ class RubricVerifier(BaseVerifier):
                             message,
                             c.evidence,
                             timeout_s=self.timeout_s,
-                            memory_mb=getattr(self, "memory_mb", DEFAULT_MEMORY_MB),
+                            memory_mb=self.memory_mb,
                         )
                     except CheckLimitError as exc:
                         return VerifierResult.failure(f"{self.name}: evidence for {c.name!r} {exc}")
@@ -216,7 +218,7 @@ class RubricVerifier(BaseVerifier):
                             c,
                             workspace,
                             timeout_s=self.timeout_s,
-                            memory_mb=getattr(self, "memory_mb", DEFAULT_MEMORY_MB),
+                            memory_mb=self.memory_mb,
                         )
                     except CheckLimitError as exc:
                         return VerifierResult.failure(f"{self.name}: criterion {c.name!r} {exc}")

@@ -116,12 +116,13 @@ def test_block_rendering_equals_the_tokenizers_chat_template(renderer, tokenizer
 
 @pytest.mark.parametrize("conversation", probe_conversations(), ids=["sys+tools", "tools", "sys", "bare"])
 def test_the_control_token_safe_encoding_matches_the_one_pass_one(renderer, conversation):
-    """Blocks whose message text spells a control token take a second encoding path (template specials
-    only); without such text that path must give exactly the ids of the usual one-pass encoding."""
+    """Blocks whose message text spells a control token take a second encoding path (the added tokens each
+    piece may make, the rest as plain text); without such text that path must give exactly the ids of the
+    usual one-pass encoding."""
     for _, message, lazy in renderer._blocks(conversation):
         pieces = lazy or renderer._message_block(message)  # an assistant turn's pieces are made when rendered
         one_pass = renderer._backend.encode("".join(p[0] for p in pieces), add_special_tokens=False)
-        ids, offsets = renderer._encode_template_specials_only(pieces)
+        ids, offsets = renderer._text.encode_split(renderer._trusted(pieces))
         assert ids == one_pass.ids and offsets == one_pass.offsets, pieces
 
 

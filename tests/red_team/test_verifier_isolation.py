@@ -12,6 +12,7 @@ real local sandbox, each on a real ClawGymBench task through the verification st
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -164,7 +165,7 @@ async def test_no_process_in_the_sandbox_shows_the_host_environment(tmp_path, mo
     }
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PATH", "/opt/fake-host-only-bin:" + __import__("os").environ["PATH"])
+    monkeypatch.setenv("PATH", "/opt/fake-host-only-bin:" + os.environ["PATH"])
     async with LocalSandboxBackend(root=tmp_path / "sandboxes", init="auto") as backend:
         async with await backend.create(TaskSpec(id="env", instruction="x", verifier=lambda d: 0.0)) as box:
             await box.exec("setsid sleep 30 >/dev/null 2>&1 < /dev/null &")  # a leftover, as a harness leaves one

@@ -251,13 +251,6 @@ class ChatMLRenderer:
                 runs.append((t, t + 1, kind))
         return ids, runs, forged
 
-    def _encode_template_specials_only(self, pieces: tuple[Piece, ...]) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and character offsets of a block whose message text spells control tokens: the template's
-        added tokens (and the non-special ones of tool specs and re-rendered assistant turns) become their ids,
-        all other text is encoded as plain text. Added tokens split the text for the tokenizer anyway, so
-        without forged tokens this gives the ids of the one-pass encoding."""
-        return self._text.encode_split(self._trusted(pieces))
-
     # ------------------------------------------------------------------------------------ render
     def render(
         self, conversation: Conversation, splice: SpliceLookup | None = None, resume: Sequence[Any] = ()
