@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from clawgym_env.sandbox.bwrap_args import INIT_INSIDE, PROXY_SOCKET_INSIDE
+from clawgym_env.sandbox.bwrap_args import INIT_INSIDE
 from clawgym_env.sandbox.local import LocalSandbox, LocalSandboxBackend
 from clawgym_env.sandbox.workspace import materialize_workspace
 from clawgym_env.specs import TaskSpec
@@ -53,7 +53,7 @@ class MainArgsSandbox(LocalSandbox):
     def _prepare_workspace(self) -> None:
         self._quota = False  # no tmpfs: the disk limit is polled, as before
 
-    def _bwrap_args(self) -> list[str]:
+    def _bwrap_args(self, init_data_fd: int | None = None) -> list[str]:
         b = self._backend
         args = [
             "--ro-bind",
@@ -83,8 +83,6 @@ class MainArgsSandbox(LocalSandbox):
             if str(path).startswith(("/tmp/", "/root/", "/run/")):
                 args += ["--ro-bind", str(path), str(path)]
         args += ["--tmpfs", str(b.root)]
-        if self._proxy is not None and self._proxy.unix_socket is not None:
-            args += ["--ro-bind", str(self._proxy.unix_socket), PROXY_SOCKET_INSIDE]
         if b.init_binary is not None:
             args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
         return args + [

@@ -35,7 +35,6 @@ from clawgym_env.sandbox import bwrap_args
 from clawgym_env.sandbox.bwrap_args import (
     INIT_INSIDE,
     PRIVATE_DIRS,
-    PROXY_SOCKET_INSIDE,
     is_under,
 )
 from clawgym_env.sandbox.cgroups import SandboxCgroup
@@ -62,6 +61,7 @@ INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BWRAP_ENV = {"PATH": DEFAULT_PATH}  # all that the launcher and bwrap get; commands get `_command_env`
 READY_TIMEOUT_S = 20.0
+STDERR_KEPT_BYTES = 64 * 1024  # of bwrap's and the init's stderr, for error messages (the agent can write there)
 OUTPUT_GRACE_S = 1.0  # after a command exits, how long to wait for stragglers still holding its stdout
 DISK_CHECK_INTERVAL_S = 1.0  # only where no workspace tmpfs could be mounted (the kernel enforces it otherwise)
 HOST_FILE_TIMEOUT_S = 60.0
@@ -119,14 +119,16 @@ class LocalSandbox:
         self._removed = False
         self._remove_lock = threading.Lock()
         self._gone_reason: str | None = None
-        self._stderr_path = host_dir / "init.stderr"
+        self._stderr = OutputCap(STDERR_KEPT_BYTES)  # what bwrap and the init wrote to stderr, bounded
+        self._stderr_reader: asyncio.Task[None] | None = None
         self._quota: bool | None = None  # whether the workspace is a sized tmpfs (None: not tried yet)
         self._commands_since_start = 0
         self.last_download: DownloadReport | None = None
 
     # ------------------------------------------------------------------ start
-    def _bwrap_args(self) -> list[str]:
-        """bwrap's options (they go through a memfd, see bwrap_args.py); the init's argv follows them."""
+    def _bwrap_args(self, init_data_fd: int | None = None) -> list[str]:
+        """bwrap's options (they go through a memfd, see bwrap_args.py); the init's argv follows them.
+        `init_data_fd`: an open file of the compiled init, copied to /run/clawgym/init."""
         b = self._backend
         args = [
             *bwrap_args.ISOLATION,
@@ -148,17 +150,15 @@ class LocalSandbox:
         for path in hidden:  # after the binds, so a hidden folder inside a bound one stays hidden
             if path.exists() and self._visible_inside(path):
                 args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-        if self._proxy is not None and self._proxy.unix_socket is not None:
-            args += ["--ro-bind", str(Path(self._proxy.unix_socket).absolute()), PROXY_SOCKET_INSIDE]
-        if b.init_binary is not None:
-            args += ["--ro-bind", str(b.init_binary), INIT_INSIDE]
+        if init_data_fd is not None:  # a copy, not a bind: the mount table would name the cached binary's path
+            args += ["--perms", "0555", "--ro-bind-data", str(init_data_fd), INIT_INSIDE]
         args += ["--bind", str(self.workspace_dir), self.workspace_path, "--chdir", self.workspace_path, "--clearenv"]
         return args
 
-    def _init_argv(self, init_fd: int) -> list[str]:
+    def _init_argv(self, control_fd: int, relay_fd: int | None) -> list[str]:
         b = self._backend
         init = [INIT_INSIDE] if b.init_binary is not None else [b.python, "-I", "-S", "-c", INIT_SOURCE]
-        return init + [str(init_fd), *self._init_args()]
+        return init + [str(control_fd), *self._init_args(relay_fd)]
 
     def _visible_inside(self, path: Path) -> bool:
         """Whether a host path would be visible inside without hiding (a system folder or a bound one)."""
@@ -168,15 +168,18 @@ class LocalSandbox:
         top = "/" + str(path).strip("/").split("/")[0]
         return top.lstrip("/") in bwrap_args.SYSTEM_FOLDERS
 
-    def _init_args(self) -> list[str]:
-        """The init's arguments after the control fd: rlimits, then the relay's port and socket if any."""
+    def _init_args(self, relay_fd: int | None) -> list[str]:
+        """The init's arguments after the control fd: rlimits, then the relay's port and the proxy socket's fd.
+
+        The socket goes in as an open file (O_PATH), not a bind mount: the mount table inside would name its
+        host folder. The init connects through /proc/self/fd/<fd>, and no command inherits the fd."""
         mb = 1024 * 1024
         rlimits = {"core": 0, "fsize": self.limits.workspace_mb * mb, "nproc": self.limits.max_processes}
         if self._cgroup is None:  # no cgroup: cap each process's writable memory instead
             rlimits["data"] = self.limits.memory_mb * mb
         args = [",".join(f"{name}={value}" for name, value in rlimits.items())]
-        if self._proxy is not None:
-            args += [str(self._backend.relay_port), PROXY_SOCKET_INSIDE]
+        if relay_fd is not None:
+            args += [str(self._backend.relay_port), str(relay_fd)]
         return args
 
     def _prepare_workspace(self) -> None:
@@ -192,29 +195,52 @@ class LocalSandbox:
             self._cgroup = SandboxCgroup.create(f"clawgym-{self.id}", self.limits.memory_mb, self.limits.max_processes)
         host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control = host_end
-        options_fd = bwrap_args.args_memfd(self._bwrap_args())
+        passed = [init_end.fileno()]
+        init_data_fd = relay_fd = None
+        try:
+            if self._backend.init_binary is not None:
+                init_data_fd = os.open(self._backend.init_binary, os.O_RDONLY | os.O_CLOEXEC)
+                passed.append(init_data_fd)
+            if self._proxy is not None and self._proxy.unix_socket is not None:
+                relay_fd = os.open(Path(self._proxy.unix_socket).absolute(), os.O_PATH | os.O_CLOEXEC)
+                passed.append(relay_fd)
+            passed.append(bwrap_args.args_memfd(self._bwrap_args(init_data_fd)))
+        except OSError:
+            for fd in passed[1:]:
+                os.close(fd)
+            init_end.close()
+            raise
         bwrap = shutil.which(self._backend.bwrap) or self._backend.bwrap
-        args = [bwrap, "--args", str(options_fd), *self._init_argv(init_end.fileno())]
+        args = [bwrap, "--args", str(passed[-1]), *self._init_argv(init_end.fileno(), relay_fd)]
         procs = [str(f) for f in self._cgroup.procs_files] if self._cgroup is not None else []
         if procs:  # join the cgroup before bwrap starts, so every descendant is in it
             if self._backend.init_binary is not None:  # the C init doubles as the launcher: no shell to start
                 args = [str(self._backend.init_binary), "--in-cgroup", *procs, "--", *args]
             else:
                 args = [sys.executable, "-I", "-S", "-c", PY_LAUNCHER, *procs, "--", *args]
+        stderr_read, stderr_write = os.pipe2(os.O_CLOEXEC)
         try:
-            with open(self._stderr_path, "wb") as stderr:
-                self._process = await asyncio.create_subprocess_exec(
-                    *args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    pass_fds=[init_end.fileno(), options_fd],
-                    start_new_session=True,
-                    env=BWRAP_ENV,  # bwrap is PID 1 inside: its /proc/1/environ must hold nothing of the host's
-                )
+            self._process = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr_write,  # a pipe, not a host file: /proc/1/fd/2 inside is writable by the agent
+                pass_fds=passed,
+                start_new_session=True,
+                env=BWRAP_ENV,  # bwrap is PID 1 inside: its /proc/1/environ must hold nothing of the host's
+            )
+        except BaseException:
+            os.close(stderr_read)
+            raise
         finally:
+            os.close(stderr_write)
             init_end.close()
-            os.close(options_fd)
+            for fd in passed[1:]:
+                os.close(fd)
+        if self._stderr_reader is not None:  # the previous start's bwrap is gone (a restart)
+            self._stderr_reader.cancel()
+        self._stderr = OutputCap(STDERR_KEPT_BYTES)
+        self._stderr_reader = asyncio.create_task(_drain(stderr_read, self._stderr))
         self._write_state()
         host_end.setblocking(False)
         loop = asyncio.get_running_loop()
@@ -223,6 +249,8 @@ class LocalSandbox:
         except (TimeoutError, OSError) as exc:
             ready = repr(exc).encode()
         if not ready.startswith(b"ready "):
+            with contextlib.suppress(TimeoutError):  # bwrap's own message, if it exited
+                await asyncio.wait_for(asyncio.shield(self._stderr_reader), 1.0)
             code = self._process.returncode
             raise SandboxError(
                 f"sandbox {self.id} did not start ({ready!r}, exit {code}): {self._stderr_tail() or 'no output from bwrap'}"
@@ -288,9 +316,7 @@ class LocalSandbox:
         (self.host_dir / "sandbox.json").write_text(json.dumps(state))
 
     def _stderr_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return self._stderr_path.read_text(errors="replace").strip()[-2000:]
-        return ""
+        return self._stderr.result()[0].decode(errors="replace").strip()[-2000:]
 
     async def _read_control(self) -> None:
         loop = asyncio.get_running_loop()
@@ -612,6 +638,9 @@ class LocalSandbox:
             if self._process is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._process.wait(), 10)
+            if self._stderr_reader is not None:
+                self._stderr_reader.cancel()
+                await asyncio.gather(self._stderr_reader, return_exceptions=True)
             await asyncio.to_thread(self._remove_host_state)
         finally:
             # also when cancelled (the event loop is closing): finish here rather than leave it for atexit

@@ -39,7 +39,6 @@ MASKED_PROC = (
     "/proc/kmsg",
 )
 INIT_INSIDE = "/run/clawgym/init"
-PROXY_SOCKET_INSIDE = "/run/clawgym/proxy.sock"
 
 
 def cache_dir() -> Path:

@@ -7,7 +7,7 @@ harness needs (bwrap_args.py says what is shown). The workspace is a host folder
 disk size where the host may mount one (so the kernel enforces the quota), bound at the task's mount path.
 Commands are started by the init on request over a control socket (init_protocol.py); their
 stdin/stdout/stderr are host pipes passed along with the request. When a proxy is given, the init relays
-127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket bound at /run/clawgym/proxy.sock;
+127.0.0.1:<relay_port> inside the sandbox to the proxy's Unix socket (handed to the init as an open file);
 that relay is the only way out.
 
 Before verification, `end_agent_processes()` kills everything the agent started (the sandbox's cgroup is

@@ -3,7 +3,7 @@
  * Compiled once per machine by native_init.py; it starts in ~1 ms where the Python init needs ~15 ms of
  * interpreter start-up, which is most of what a sandbox costs beyond bubblewrap itself.
  *
- * argv: <control fd> <rlimits "name=value,..."> [<relay port> <relay unix socket>]
+ * argv: <control fd> <rlimits "name=value,..."> [<relay port> <proxy socket fd (O_PATH)>]
  * On the host, the same binary also starts bubblewrap inside the sandbox's cgroup, in place of a shell:
  *   --in-cgroup <cgroup.procs file>... -- <bwrap argv>   (joins each cgroup, then execs bwrap)
  * Requests (SOCK_SEQPACKET, one per message, fields separated by NUL):
@@ -282,7 +282,7 @@ static int exec_in_cgroups(char **args) {
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "--in-cgroup") == 0) return exec_in_cgroups(argv + 2);
     if (argc < 3) {
-        fprintf(stderr, "usage: %s <control fd> <rlimits> [<relay port> <relay socket>]\n", argv[0]);
+        fprintf(stderr, "usage: %s <control fd> <rlimits> [<relay port> <proxy socket fd>]\n", argv[0]);
         return 2;
     }
     control = atoi(argv[1]);
@@ -291,7 +291,13 @@ int main(int argc, char **argv) {
        /proc/<pid>/fd, or take the control socket with pidfd_getfd; exec resets this for commands */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     apply_limits(argv[2]);
-    if (argc >= 5) start_relay(atoi(argv[3]), argv[4]);
+    if (argc >= 5) { /* the proxy's socket comes as an open file: no host path is mounted, none shows */
+        int socket_fd = atoi(argv[4]);
+        fcntl(socket_fd, F_SETFD, FD_CLOEXEC);
+        static char target[64];
+        snprintf(target, sizeof target, "/proc/self/fd/%d", socket_fd);
+        start_relay(atoi(argv[3]), target);
+    }
     sigset_t child_signal;
     sigemptyset(&child_signal);
     sigaddset(&child_signal, SIGCHLD);

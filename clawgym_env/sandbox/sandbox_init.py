@@ -5,8 +5,8 @@ It holds the sandbox's namespaces, and
     (fields separated by NUL) over a SOCK_SEQPACKET control socket with the command's stdin/stdout/stderr
     pipe ends attached (SCM_RIGHTS), so output flows straight to the host without passing through here; it
     answers with one line of text, "exit <id> <code> <signal>" or "error <id> <message>";
-  * relays 127.0.0.1:<port> inside the sandbox to the serving proxy's Unix socket bound at /run/clawgym/.
-argv: <control fd> <rlimits "name=value,..."> [<relay port> <relay socket>]. sandbox_init.c is the same
+  * relays 127.0.0.1:<port> inside the sandbox to the serving proxy's Unix socket, given as an O_PATH fd.
+argv: <control fd> <rlimits "name=value,..."> [<relay port> <proxy socket fd>]. sandbox_init.c is the same
 program in C (same arguments and protocol), used where a C compiler is available since it starts ~15 ms
 faster; this one is the fallback. Only low-level modules are imported (_socket, _thread ...; ctypes once). When the
 control socket closes (host gone or sandbox destroyed) this process exits, and bubblewrap kills everything
@@ -171,8 +171,9 @@ def main():
     os.set_inheritable(int(sys.argv[1]), False)  # commands must not get the control socket
     CONTROL = socket.socket(fileno=int(sys.argv[1]))
     apply_limits(sys.argv[2])
-    if len(sys.argv) >= 5:
-        start_relay(int(sys.argv[3]), sys.argv[4])
+    if len(sys.argv) >= 5:  # the proxy's socket comes as an open file: no host path is mounted, none shows
+        os.set_inheritable(int(sys.argv[4]), False)
+        start_relay(int(sys.argv[3]), "/proc/self/fd/" + sys.argv[4])
     send("ready", os.getpid())
     while True:
         try:

@@ -11,6 +11,7 @@ real local sandbox, each on a real ClawGymBench task through the verification st
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.interfaces import ProxyEndpoint
 from clawgym_env.rollout import verify_stage
 from clawgym_env.sandbox.local import LocalSandboxBackend
 from clawgym_env.specs import EnvOptions, TaskSpec, WorkspaceSpec
@@ -205,3 +207,54 @@ def test_the_checker_sweeps_nothing_outside_a_clawgym_sandbox(tmp_path) -> None:
         timeout=60,
     )
     assert run.stdout.split() == ['{"out":', "1.0}", "1.0", "bystander-alive"], run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("init", ["c", "python"])
+async def test_the_mount_table_names_no_host_path_of_the_socket_or_the_init(tmp_path, init: str) -> None:
+    """Finding 4's second half: /proc/self/mountinfo showed where the proxy's socket and the compiled init
+    live on the host. The socket now reaches the init as an open file and the init as data; the relay still
+    works."""
+    socket_dir = tmp_path / "host-only-proxy-folder"
+    socket_dir.mkdir()
+    server = await asyncio.start_unix_server(_answer_ok, path=str(socket_dir / "proxy.sock"))
+    try:
+        async with LocalSandboxBackend(root=tmp_path / "sandboxes", init=init) as backend:
+            task = TaskSpec(id="mounts", instruction="x", verifier=lambda d: 0.0)
+            async with await backend.create(task, proxy=ProxyEndpoint(unix_socket=socket_dir / "proxy.sock")) as box:
+                mounts = await box.exec(
+                    "cat /proc/self/mountinfo /proc/1/mountinfo; ls -la /proc/1/fd /run/clawgym || true"
+                )
+                reply = await box.exec(["curl", "-sS", box.proxy_base_url + "/"])
+                init_binary = backend.init_binary
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert mounts.exit_code == 0 and "/proc" in mounts.stdout, mounts.stderr
+    assert reply.stdout == "ok", reply.stderr
+    assert "host-only-proxy-folder" not in mounts.stdout, mounts.stdout
+    assert str(tmp_path) not in mounts.stdout, mounts.stdout  # nor bwrap's stderr file (it was init.stderr there)
+    if init_binary is not None:
+        assert init_binary.name not in mounts.stdout and str(init_binary.parent) not in mounts.stdout, mounts.stdout
+
+
+async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    await writer.drain()
+    writer.close()
+
+
+async def test_writing_to_bwraps_stderr_fills_nothing_on_the_host(tmp_path) -> None:
+    """An attack nobody listed: bwrap (PID 1 inside) had a host file as stderr, and /proc/1/fd/2 reopened it
+    for writing, so commands could fill the host's disk (each up to the file-size rlimit). It is a pipe now,
+    drained into a bounded buffer."""
+    async with LocalSandboxBackend(root=tmp_path / "sandboxes", init="auto") as backend:
+        async with await backend.create(TaskSpec(id="flood", instruction="x", verifier=lambda d: 0.0)) as box:
+            flood = await box.exec(
+                "for i in 1 2 3 4; do head -c 20000000 /dev/zero > /proc/1/fd/2 & done; wait; echo done"
+            )
+            on_host = sum(f.stat().st_size for f in box.host_dir.rglob("*") if f.is_file() and not f.is_symlink())
+            still = await box.exec("echo alive")
+    assert flood.stdout.strip() == "done", flood.stderr
+    assert still.stdout == "alive\n"
+    assert on_host < 1_000_000, f"{on_host} bytes written to the sandbox's host folder"
