@@ -6,9 +6,15 @@ llm_judge | hybrid`, `timeout_seconds`, `grading_weights`, `workspace_files`), t
 python block defining `grade(transcript, workspace_path) -> dict` of scores in [0, 1]) and
 `## LLM Judge Rubric` (`### Criterion N: Name (Weight: X%)` blocks).
 
+A `{source, dest}` entry's `source` (a relative path, no `..`) is looked up in this order, first hit
+wins: `<folder>/fixtures/` (ClawGym's layout), `<folder>/../assets/` (the published PinchBench repository
+keeps `tasks/*.md` beside `assets/`, and its runner reads `<repo>/assets/<source>`), then `<folder>` itself
+(the broadest place, so last). `<folder>` is the folder of the task file. The file found must resolve
+(symlinks followed) to a path inside the place it was found in, else the task is refused.
+
 ClawGym extensions (optional): `workspace_files` entries may be `{path, content}` (inline) besides
-`{source, dest}` (relative to `<folder>/fixtures/` or the folder); front-matter keys `level`, `split`
-and `reference_files` (relative path -> content) land in the task metadata.
+`{source, dest}`; front-matter keys `level`, `split` and `reference_files` (relative path -> content) land
+in the task metadata.
 
 The grade code is third-party code: it runs in a separate Python process (`python -I`) on the host copy
 of the workspace, not inside this process, started from a check process of `verifiers.isolated`: it inherits
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -183,13 +190,36 @@ def _workspace_files(entries: Any, folder: Path) -> dict[str, str | bytes]:
             raise ValueError(f"workspace_files[{i}] needs `source` (and `dest`) or `path` and `content`")
         check_relative_path(str(source))
         check_relative_path(str(dest))
-        for base in (folder / "fixtures", folder):
-            if (base / source).is_file():
-                files[str(dest)] = (base / source).read_bytes()
-                break
-        else:
-            raise ValueError(f"workspace_files[{i}]: source {source!r} not found in {folder / 'fixtures'} or {folder}")
+        files[str(dest)] = _read_source(str(source), folder, f"workspace_files[{i}]")
     return files
+
+
+def _source_bases(folder: Path) -> list[Path]:
+    """Where a `source` is looked up, in order (see the module docstring).
+
+    `assets/` sits beside the folder as given, made absolute lexically: a relative `.` still has a parent,
+    and a symlinked `tasks/` keeps the repository it was reached through.
+    """
+    return [folder / "fixtures", Path(os.path.abspath(folder)).parent / "assets", folder]
+
+
+def _read_source(source: str, folder: Path, where: str) -> bytes:
+    """Bytes of the first `<base>/<source>` that is a file; refused if it resolves outside its base.
+
+    `check_relative_path` already rules out `..` and absolute paths; this catches symlinks (of the file or
+    of a folder on its way) that lead out of the base, so a task cannot read arbitrary host files.
+    """
+    bases = _source_bases(folder)
+    for base in bases:
+        candidate = base / source
+        if not candidate.is_file():
+            continue
+        real, root = candidate.resolve(), base.resolve()
+        if not real.is_relative_to(root):
+            raise ValueError(f"{where}: source {source!r} in {base} resolves to {real}, outside {root}; refused")
+        return real.read_bytes()
+    looked = ", ".join(str(base / source) for base in bases)
+    raise ValueError(f"{where}: source {source!r} not found; looked in {looked}")
 
 
 def parse_pinchbench_task(path: Path, *, judge: ModelJudge | None = None, default_split: str = "train") -> TaskSpec:

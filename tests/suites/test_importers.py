@@ -313,3 +313,95 @@ def test_pinchbench_hybrid_with_judge(pinch_folder, tmp_path):
     assert result.error is None
     assert result.reward == pytest.approx(0.6 * 1.0 + 0.4 * 0.5)
     assert textwrap.dedent("Write a haiku") in judge.engine.prompt_texts[0]
+
+
+def pb_task_with_sources(task_id: str, *sources: tuple[str, str]) -> str:
+    """A PinchBench task file (real front-matter shape) whose workspace_files copy `(source, dest)` pairs."""
+    entries = "".join(f"  - source: {source}\n    dest: {dest}\n" for source, dest in sources)
+    return (
+        f"---\nid: {task_id}\nname: Assets\ncategory: data\ngrading_type: automated\ntimeout_seconds: 60\n"
+        f"workspace_files:\n{entries}---\n\n## Prompt\n\nSummarize the data.\n" + GRADE_OK
+    )
+
+
+@pytest.fixture
+def pinch_repo(tmp_path):
+    """The published PinchBench layout: `<repo>/tasks/*.md` beside `<repo>/assets/<source>`."""
+    repo = tmp_path / "pinchbench"
+    (repo / "tasks").mkdir(parents=True)
+    (repo / "assets" / "data").mkdir(parents=True)
+    (repo / "assets" / "data" / "x.csv").write_text("a,b\n1,2\n")
+    (repo / "assets" / "notes.md").write_text("# notes\n")
+    (repo / "tasks" / "a_ok.md").write_text(pb_task_with_sources("a_ok", ("data/x.csv", "x.csv")))
+    return repo
+
+
+def broken_reason(tasks: Path) -> str:
+    """The one problem reported besides the valid `a_ok` task (a folder with no valid task raises)."""
+    suite = load_pinchbench_folder(tasks)
+    assert [t.id for t in suite.tasks] == ["a_ok"]
+    (problem,) = suite.problems
+    return problem.reason
+
+
+def test_pinchbench_real_layout_reads_sources_from_sibling_assets(pinch_repo):
+    (pinch_repo / "tasks" / "task_csv.md").write_text(
+        pb_task_with_sources("task_csv", ("data/x.csv", "x.csv"), ("notes.md", "docs/notes.md"))
+    )
+    suite = load_pinchbench_folder(pinch_repo / "tasks")
+    assert suite.problems == [] and [t.id for t in suite.tasks] == ["a_ok", "task_csv"]
+    files = suite.tasks[1].workspace.files
+    assert files == {"x.csv": b"a,b\n1,2\n", "docs/notes.md": b"# notes\n"}
+
+
+def test_pinchbench_source_order_fixtures_then_assets_then_folder(pinch_repo):
+    tasks = pinch_repo / "tasks"
+    (tasks / "fixtures").mkdir()
+    (tasks / "fixtures" / "notes.md").write_text("from fixtures\n")
+    (tasks / "data").mkdir()
+    (tasks / "data" / "x.csv").write_text("from folder\n")
+    (tasks / "only_here.txt").write_text("folder only\n")
+    (tasks / "t.md").write_text(
+        pb_task_with_sources("t_order", ("notes.md", "a"), ("data/x.csv", "b"), ("only_here.txt", "c"))
+    )
+    files = load_pinchbench_folder(tasks).tasks[1].workspace.files
+    assert files == {"a": b"from fixtures\n", "b": b"a,b\n1,2\n", "c": b"folder only\n"}
+
+
+def test_pinchbench_missing_source_error_lists_every_place(pinch_repo):
+    tasks = pinch_repo / "tasks"
+    (tasks / "t.md").write_text(pb_task_with_sources("t_missing", ("data/nope.csv", "nope.csv")))
+    reason = broken_reason(tasks)
+    assert "not found" in reason
+    for place in (tasks / "fixtures", pinch_repo / "assets", tasks):
+        assert str(place / "data" / "nope.csv") in reason, reason
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+def test_pinchbench_source_symlinked_out_of_assets_is_refused(pinch_repo, tmp_path, link):
+    secret = tmp_path / "elsewhere" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("host secret\n")
+    if link == "file":
+        (pinch_repo / "assets" / "data" / "leak.csv").symlink_to(secret)
+        source = "data/leak.csv"
+    else:
+        (pinch_repo / "assets" / "ext").symlink_to(secret.parent, target_is_directory=True)
+        source = "ext/secret.txt"
+    tasks = pinch_repo / "tasks"
+    (tasks / "t.md").write_text(pb_task_with_sources("t_leak", (source, "leak.txt")))
+    reason = broken_reason(tasks)
+    assert "outside" in reason and "refused" in reason and str(pinch_repo / "assets") in reason
+    assert "host secret" not in reason
+
+
+def test_pinchbench_symlink_inside_assets_is_allowed(pinch_repo):
+    (pinch_repo / "assets" / "alias.csv").symlink_to(pinch_repo / "assets" / "data" / "x.csv")
+    tasks = pinch_repo / "tasks"
+    (tasks / "t.md").write_text(pb_task_with_sources("t_alias", ("alias.csv", "x.csv")))
+    assert load_pinchbench_folder(tasks).tasks[1].workspace.files == {"x.csv": b"a,b\n1,2\n"}
+
+
+def test_pinchbench_relative_tasks_folder_finds_sibling_assets(pinch_repo, monkeypatch):
+    monkeypatch.chdir(pinch_repo / "tasks")
+    assert load_pinchbench_folder(".").tasks[0].workspace.files == {"x.csv": b"a,b\n1,2\n"}

@@ -1,0 +1,163 @@
+"""Per-rollout evidence: one JSON line per rollout of every training run and every held-out evaluation.
+
+A reviewer asks for the data behind a number, not the number. Every experiment writes its rollouts as
+`EvidenceRow`s (JSON lines, gzip-compressed when the name ends in .gz), and the published files under
+docs/results/ are what the docs' tables are computed from (`benchmarks.experiment_report`). A cell can
+be recomputed without ClawGym:
+
+    import gzip, json
+    rows = [json.loads(line) for line in gzip.open("docs/results/transfer_matrix.jsonl.gz", "rt")]
+    after = [r["reward"] for r in rows if r["arm"] == "Pi" and r["eval_harness"] == "Pi" and r["phase"] == "after"]
+
+Phases: "before" (the untrained policy, arm "untrained"), "after" (the policy trained in `arm`), "train"
+(a rollout of a training step; `step` says which, `eval_harness` is the harness it ran through).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from evaluation.report import EvalReport
+
+UNTRAINED = "untrained"
+Phase = Literal["before", "after", "train"]
+
+
+class EvidenceRow(BaseModel):
+    """One rollout: which policy (arm, seed, checkpoint), where (suite, harness, task), and its outcome."""
+
+    experiment: str
+    arm: str  # how the policy was trained: one harness, several joined by "+", or "untrained"
+    phase: Phase
+    seed: int  # the training seed (and the evaluation's sampling seed)
+    eval_harness: str  # the harness the rollout ran through
+    suite: str
+    task_id: str
+    repeat: int = 0
+    step: int | None = None  # training rows: the step whose update used this rollout (1-based)
+    reward: float  # failed rollouts count 0, as env.step returns them
+    status: str = "ok"
+    num_calls: int = 0
+    generated_tokens: int = 0
+    checkpoint: str | None = None  # the policy's checkpoint, relative to the experiment's folder
+    commit: str = "unknown"
+
+
+def current_commit(repo: Path | None = None) -> str:
+    """The checkout's commit (with "+dirty" when tracked files differ from it), or "unknown"."""
+    repo = repo or Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=repo, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
+
+
+def rows_from_report(report: EvalReport, **fields: Any) -> list[EvidenceRow]:
+    """An evaluation's rollouts as evidence; `fields` gives experiment, arm, phase, seed, checkpoint, commit."""
+    return [
+        EvidenceRow(
+            eval_harness=row.harness,
+            suite=row.suite,
+            task_id=row.task_id,
+            repeat=row.repeat,
+            reward=row.reward if row.status == "ok" else 0.0,
+            status=row.status,
+            num_calls=row.num_calls,
+            generated_tokens=row.generated_tokens,
+            **fields,
+        )
+        for row in report.rows
+    ]
+
+
+def rows_from_batch(batch: Any, step: int, **fields: Any) -> list[EvidenceRow]:
+    """A training step's rollouts (a `trainers.rollouts.RolloutBatch`) as evidence rows of phase "train"."""
+    rows = []
+    for i, forest in enumerate(batch.forests):
+        reward = float(batch.rewards[i])
+        ok = batch.statuses[i] == "ok" and np.isfinite(reward)
+        rows.append(
+            EvidenceRow(
+                phase="train",
+                step=step,
+                eval_harness=batch.harnesses[i],
+                task_id=batch.task_ids[i],
+                reward=reward if ok else 0.0,
+                status=batch.statuses[i],
+                num_calls=int(forest.stats.calls),
+                generated_tokens=int(forest.stats.generated_tokens),
+                **fields,
+            )
+        )
+    return rows
+
+
+class EvidenceLog:
+    """A run's training rows, appended step by step to `<run_dir>/rollouts.jsonl`; a resume from step N
+    drops the rows of later steps (they run again), as the metrics log does."""
+
+    def __init__(self, path: str | Path, *, enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def append(self, rows: Sequence[EvidenceRow]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.writelines(row.model_dump_json() + "\n" for row in rows)
+
+    def truncate_after(self, step: int) -> int:
+        if not self.enabled or not self.path.is_file():
+            return 0
+        rows = read_rows(self.path)
+        kept = [r for r in rows if (r.step or 0) <= step]
+        write_rows(self.path, kept)
+        return len(rows) - len(kept)
+
+
+def write_rows(path: str | Path, rows: Iterable[EvidenceRow]) -> Path:
+    """Write rows as JSON lines (gzip when the name ends in .gz; reproducible bytes), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(row.model_dump_json() + "\n" for row in rows).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def read_rows(path: str | Path) -> list[EvidenceRow]:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [EvidenceRow.model_validate(json.loads(line)) for line in f if line.strip()]
+
+
+def degenerate_groups(rows: Iterable[EvidenceRow]) -> dict[str, tuple[int, int]]:
+    """Per arm: (GRPO groups whose rewards were all equal, all groups) over its training rows.
+    A group is one (seed, step, harness, task) of phase "train"."""
+    groups: dict[tuple[str, int, int | None, str, str], list[float]] = {}
+    for r in rows:
+        if r.phase == "train":
+            groups.setdefault((r.arm, r.seed, r.step, r.eval_harness, r.task_id), []).append(r.reward)
+    out: dict[str, tuple[int, int]] = {}
+    for (arm, *_), rewards in groups.items():
+        flat, total = out.get(arm, (0, 0))
+        out[arm] = (flat + (max(rewards) == min(rewards)), total + 1)
+    return out
