@@ -1,27 +1,29 @@
 """Does training in one harness improve another? Train GRPO in each arm, evaluate every policy in every harness.
 
     .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix            # full size (hours; resumable)
-    .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --arms Pi --seeds 0   # one cell row, one seed
+    .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --arms OpenClaw --seeds 0   # one arm, one seed
     .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --plan     # what is done, what is left
     .venv/bin/python -m benchmarks.transfer_matrix --quick --out runs/matrix-quick   # tiny model, 1 step (plumbing)
 
-Arms (how the policy is trained): the white-box loop, pi, Claude Code, and pi + Claude Code in one batch.
-Every arm trains with the main job's learning recipe (`trainers.main_job`, the one the learning test
-measured), from the same untrained policy, once per seed. Every trained policy and the untrained one are
-then evaluated on the same held-out ClawGymBench tasks (one suite seed for all) through the white-box loop,
-pi and Claude Code at the recipe's sampling temperature.
+Arms (how the policy is trained): the white-box loop, OpenClaw, Claude Code and OpenClaw + Claude Code in one
+batch (the article's), with pi and pi + Claude Code on request. Every arm trains with the main job's learning
+recipe (`trainers.main_job`) from the same untrained policy, once per seed, on the same training budget: two
+GRPO groups of 8 rollouts per step (a mixed arm: one group per harness). Every trained policy and the
+untrained one are evaluated on the same held-out ClawGymBench tasks (one suite seed for all; 16 tasks x 4
+rollouts) through each evaluation harness at the recipe's sampling temperature.
 
-A cell (arm x evaluation harness) is before -> after over the seeds: `before` is the untrained policy's
-held-out reward at that seed (the same measurement for every arm: evaluated once per seed and reused from
-the evaluation cache), `after` the trained one's. Noise, as in the learning test
-(`benchmarks.learning_curve.verdict`), is the larger of the standard deviations over seeds of `before` (the
-spread of the measurement itself) and of the gain; a gain counts when it is positive and above the noise.
+Evidence: every rollout, of training and of evaluation, is one `evaluation.evidence.EvidenceRow` in
+`<out>/evidence.jsonl.gz` (`--publish DIR` also writes it to DIR/transfer_matrix.jsonl.gz, where
+`benchmarks.experiment_report` reads it for the docs). A cell (arm x evaluation harness) is the gain from
+the untrained policy to the trained one, paired by seed and task, with a 95 % interval from
+`evaluation.gains` (a bootstrap over seeds, tasks and rollouts) and its Bonferroni interval for the number
+of cells in the table.
 
 Resuming: a training run whose directory holds a finished summary with the same config is not run again
 (an unfinished one continues from its newest checkpoint), and an evaluation whose key (policy, checkpoint,
 tasks, seeds, harness) is in `<out>/eval-cache` is read back. So the matrix can be filled over several
 sessions, arm by arm (`--arms`) and seed by seed (`--seeds`); cells not yet run show as "to run".
-Output: <out>/matrix.json, matrix.txt (the table) and matrix.png (gains with noise per cell).
+Output: <out>/matrix.json, matrix.txt (the table), matrix.png (gains with intervals) and evidence.jsonl.gz.
 """
 
 from __future__ import annotations
@@ -38,25 +40,36 @@ from rich.table import Table
 
 from benchmarks.learning_curve import finished_summary
 from evaluation import EvalCache, EvalReport, cached_evaluation, evaluate
+from evaluation.evidence import UNTRAINED, EvidenceRow, read_rows, rows_from_report, write_rows
+from evaluation.gains import Estimate, difference, gain
 
 SUITE = "ClawGymBench"
+EXPERIMENT = "transfer_matrix"
 ARMS: dict[str, list[str]] = {
     "WhiteBox": ["WhiteBox"],
-    "Pi": ["Pi"],
+    "OpenClaw": ["OpenClaw"],
     "ClaudeCode": ["ClaudeCode"],
+    "OpenClaw+ClaudeCode": ["OpenClaw", "ClaudeCode"],
+    "Pi": ["Pi"],
     "Pi+ClaudeCode": ["Pi", "ClaudeCode"],
 }
 """Training arms: the harnesses of one training batch."""
-EVAL_HARNESSES = ["WhiteBox", "Pi", "ClaudeCode"]
-UNTRAINED = "untrained"
+DEFAULT_ARMS = ["WhiteBox", "OpenClaw", "ClaudeCode", "OpenClaw+ClaudeCode"]
+EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode", "Pi"]
+DEFAULT_EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode"]
+DEFAULT_SEEDS = [0, 1, 2, 3]
+GROUPS_PER_STEP = 2
+"""GRPO groups per training step in every arm (a mixed arm of two harnesses: one each): equal budgets."""
+EVAL_REPEATS = 4
+"""Rollouts per held-out task: 16 tasks x 4 = 64 per evaluation."""
 QUICK = ["steps=1", "env.train_tasks=1", "env.eval_tasks=1", "eval.repeats=1", "env.options.max_new_tokens=8"]
 """On top of the main job's --quick preset (tiny random model): one step on one task, one held-out task."""
 
 
 class MatrixSettings(BaseModel):
-    arms: list[str] = Field(default_factory=lambda: list(ARMS))
-    eval_harnesses: list[str] = Field(default_factory=lambda: list(EVAL_HARNESSES))
-    seeds: list[int] = Field(default_factory=lambda: [0, 1])
+    arms: list[str] = Field(default_factory=lambda: list(DEFAULT_ARMS))
+    eval_harnesses: list[str] = Field(default_factory=lambda: list(DEFAULT_EVAL_HARNESSES))
+    seeds: list[int] = Field(default_factory=lambda: list(DEFAULT_SEEDS))
     quick: bool = False
     overrides: list[str] = Field(default_factory=list)  # extra Hydra overrides for every arm
 
@@ -70,7 +83,7 @@ class SeedResult(BaseModel):
 
 
 class Cell(BaseModel):
-    """One arm evaluated in one harness: per-seed before/after and the aggregate."""
+    """One arm evaluated in one harness: per-seed before/after and the paired gain with its interval."""
 
     arm: str
     harness: str
@@ -78,24 +91,23 @@ class Cell(BaseModel):
     after: list[SeedResult] = Field(default_factory=list)
     before_mean: float | None = None
     after_mean: float | None = None
-    gain_mean: float | None = None
-    noise: float | None = None
-    seeds: int = 0
-    improved: bool | None = None  # gain > 0 and above the noise (None: not enough seeds to tell)
+    gain: Estimate | None = None  # None: no seed has both before and after yet
+
+    @property
+    def seeds(self) -> int:
+        return self.gain.seeds if self.gain is not None else len(self.before if self.arm == UNTRAINED else self.after)
 
     def text(self) -> str:
         if self.arm == UNTRAINED:
-            if self.before_mean is None:
-                return "to run"
-            return (
-                f"{self.before_mean:.3f} ±{self.noise:.3f} (n={self.seeds})"
-                if self.noise is not None
-                else f"{self.before_mean:.3f} (n={self.seeds})"
-            )
-        if self.gain_mean is None:
+            return "to run" if self.before_mean is None else f"{self.before_mean:.3f} (n={len(self.before)})"
+        if self.gain is None:
             return "to run"
-        noise = f"±{self.noise:.3f}" if self.noise is not None else "±?"
-        return f"{self.before_mean:.3f}→{self.after_mean:.3f} ({self.gain_mean:+.3f} {noise}, n={self.seeds})"
+        g = self.gain
+        verdict = "shown" if g.shown else "not shown"
+        return (
+            f"{self.before_mean:.3f}→{self.after_mean:.3f} ({g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] "
+            f"{verdict}, n={g.seeds})"
+        )
 
 
 class TrainingRecord(BaseModel):
@@ -112,15 +124,18 @@ class MatrixReport(BaseModel):
     model: str
     recipe: list[str]
     cells: dict[str, dict[str, Cell]]  # arm (or "untrained") -> evaluation harness -> cell
-    mixed_vs_single: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    comparisons: int = 0  # gain cells with data: the Bonferroni intervals are for this many claims
+    mixed_vs_single: dict[str, dict[str, Estimate]] = Field(default_factory=dict)  # mixed arm -> harness -> diff
     training: list[TrainingRecord] = Field(default_factory=list)
     evaluations_measured: int = 0  # evaluations run by this invocation (the rest came from the cache)
     evaluations_reused: int = 0
+    evidence: str | None = None  # the per-rollout file every number here is computed from
     wall_s: float = 0.0
 
     def table(self) -> Table:
         table = Table(
-            title=f"{SUITE} transfer matrix: {self.model}, GRPO; held-out reward before→after (gain ±noise, seeds)"
+            title=f"{SUITE} transfer matrix: {self.model}, GRPO; held-out reward before→after "
+            f"(gain [95 % interval], n=seeds; {self.comparisons} comparisons)"
         )
         table.add_column("trained in", no_wrap=True)
         for h in self.settings.eval_harnesses:
@@ -129,14 +144,14 @@ class MatrixReport(BaseModel):
             table.add_row(arm, *(row[h].text() for h in self.settings.eval_harnesses))
         return table
 
-    def text(self, width: int = 200) -> str:
+    def text(self, width: int = 220) -> str:
         console = Console(width=width, record=True, file=_Null())
         console.print(self.table())
-        for h, d in self.mixed_vs_single.items():
-            if d.get("difference") is not None:
+        for mixed, by_harness in self.mixed_vs_single.items():
+            for h, d in by_harness.items():
                 console.print(
-                    f"mixed vs single in {h}: gain {d['mixed_gain']:+.3f} vs {d['single_gain']:+.3f} "
-                    f"(difference {d['difference']:+.3f} ±{d['noise']:.3f})"
+                    f"{mixed} vs {h} alone, in {h}: difference of gains {d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                    f" ({'shown' if d.shown else 'no difference detectable'}, n={d.seeds})"
                 )
         return console.export_text()
 
@@ -162,8 +177,9 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
     overrides = main_job_overrides(
         mix=len(harnesses) > 1, whitebox=harnesses == ["WhiteBox"], quick=settings.quick, run_dir=run_dir
     )
-    if len(harnesses) == 1 and harnesses != ["WhiteBox"]:
-        overrides.append(f"env.ids=[{SUITE}-{harnesses[0]}]")
+    if harnesses != ["WhiteBox"]:
+        overrides.append("env.ids=[" + ",".join(f"{SUITE}-{h}" for h in harnesses) + "]")
+    overrides += [f"env.tasks_per_step={GROUPS_PER_STEP // len(harnesses)}", f"eval.repeats={EVAL_REPEATS}"]
     if settings.quick:
         overrides += QUICK
     return [
@@ -318,52 +334,41 @@ def _seed_result(report: EvalReport, harness: str, seed: int) -> SeedResult:
     )
 
 
-def aggregate(cell: Cell) -> Cell:
-    """before/after means over the seeds both have; noise as in the learning test."""
-    before = {r.seed: r.reward for r in cell.before}
+def aggregate(cell: Cell, rows: list[EvidenceRow], comparisons: int) -> Cell:
+    """Means over the seeds measured; the paired gain and its intervals from the evidence rows."""
     if cell.arm == UNTRAINED:
-        values = list(before.values())
-        cell.seeds = len(values)
-        cell.before_mean = float(np.mean(values)) if values else None
-        cell.noise = float(np.std(values, ddof=1)) if len(values) > 1 else None
+        cell.before_mean = float(np.mean([r.reward for r in cell.before])) if cell.before else None
         return cell
-    pairs = [(before[r.seed], r.reward) for r in cell.after if r.seed in before]
-    cell.seeds = len(pairs)
-    if not pairs:
+    paired = {r.seed for r in cell.before} & {r.seed for r in cell.after}
+    if not paired:
         return cell
-    starts = np.array([p[0] for p in pairs])
-    ends = np.array([p[1] for p in pairs])
-    gains = ends - starts
-    cell.before_mean, cell.after_mean, cell.gain_mean = float(starts.mean()), float(ends.mean()), float(gains.mean())
-    if len(pairs) > 1:
-        cell.noise = float(max(starts.std(ddof=1), gains.std(ddof=1)))
-        cell.improved = bool(cell.gain_mean > 0 and cell.gain_mean > cell.noise)
+    cell.before_mean = float(np.mean([r.reward for r in cell.before if r.seed in paired]))
+    cell.after_mean = float(np.mean([r.reward for r in cell.after if r.seed in paired]))
+    cell.gain = gain(rows, cell.arm, cell.harness, comparisons=comparisons, suite=SUITE)
     return cell
 
 
-def mixed_vs_single(cells: dict[str, dict[str, Cell]]) -> dict[str, dict[str, float | None]]:
-    """Per harness of the mixed arm: its gain there against the single-harness arm's (noises added in quadrature)."""
-    out: dict[str, dict[str, float | None]] = {}
+def mixed_vs_single(
+    cells: dict[str, dict[str, Cell]], rows: list[EvidenceRow], comparisons: int
+) -> dict[str, dict[str, Estimate]]:
+    """Per mixed arm and each of its harnesses: its gain there minus the single-harness arm's (paired)."""
+    out: dict[str, dict[str, Estimate]] = {}
     for mixed, harnesses in ARMS.items():
         if len(harnesses) < 2 or mixed not in cells:
             continue
         for h in harnesses:
-            m, s = cells[mixed].get(h), cells.get(h, {}).get(h)
-            if m is None or s is None or m.gain_mean is None or s.gain_mean is None:
-                out[h] = {"mixed_gain": None, "single_gain": None, "difference": None, "noise": None}
+            m, single = cells[mixed].get(h), cells.get(h, {}).get(h)
+            if m is None or single is None or m.gain is None or single.gain is None:
                 continue
-            noise = float(np.hypot(m.noise or 0.0, s.noise or 0.0))
-            out[h] = {
-                "mixed_gain": m.gain_mean,
-                "single_gain": s.gain_mean,
-                "difference": m.gain_mean - s.gain_mean,
-                "noise": noise,
-            }
+            out.setdefault(mixed, {})[h] = difference(rows, mixed, h, h, comparisons=comparisons, suite=SUITE)
     return out
 
 
-def run_matrix(settings: MatrixSettings, out: Path, *, plan_only: bool = False) -> MatrixReport:
-    """Train what is missing, evaluate what is not cached, and write matrix.json / .txt / .png.
+def run_matrix(
+    settings: MatrixSettings, out: Path, *, plan_only: bool = False, publish: Path | None = None
+) -> MatrixReport:
+    """Train what is missing, evaluate what is not cached, and write matrix.json / .txt / .png and the
+    evidence file (also to `publish`/transfer_matrix.jsonl.gz when given).
 
     With `plan_only` nothing runs: the report holds what is on disk and marks the rest "to run"."""
     unknown = [a for a in settings.arms if a not in ARMS] + [
@@ -372,13 +377,14 @@ def run_matrix(settings: MatrixSettings, out: Path, *, plan_only: bool = False) 
     if unknown:
         raise ValueError(f"unknown arm or harness {unknown}; arms: {list(ARMS)}, harnesses: {EVAL_HARNESSES}")
     if not settings.seeds:
-        raise ValueError("at least one seed is needed (two or more for a noise estimate)")
+        raise ValueError("at least one seed is needed (four or more for an interval over seeds)")
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     cache = EvalCache(out / "eval-cache")
     cells = {UNTRAINED: {h: Cell(arm=UNTRAINED, harness=h) for h in settings.eval_harnesses}}
     cells |= {arm: {h: Cell(arm=arm, harness=h) for h in settings.eval_harnesses} for arm in settings.arms}
     report = MatrixReport(settings=settings, model="", recipe=[], cells=cells)
+    evidence: list[EvidenceRow] = []
     for seed in settings.seeds:
         base_cfg = None
         for arm in settings.arms:
@@ -392,12 +398,14 @@ def run_matrix(settings: MatrixSettings, out: Path, *, plan_only: bool = False) 
             else:
                 cfg, record = train_arm(arm, seed, out, settings)
                 report.training.append(record)
+            evidence += training_rows(run_dir, arm, out)
             base_cfg = base_cfg or cfg
             checkpoint = run_dir / "checkpoints" / "latest.pt"
             trained = _evaluate(cfg, checkpoint, seed, f"trained in {arm}", out, settings, cache, report, plan_only)
             for h, result in trained.items():
                 if result is not None:
                     cells[arm][h].after.append(_seed_result(result, h, seed))
+                    evidence += _rows(result, arm, "after", seed, checkpoint, out)
         if base_cfg is None:
             from trainers.main import compose
 
@@ -407,17 +415,45 @@ def run_matrix(settings: MatrixSettings, out: Path, *, plan_only: bool = False) 
             if found is not None:
                 result = _seed_result(found, h, seed)
                 cells[UNTRAINED][h].before.append(result)
+                evidence += _rows(found, UNTRAINED, "before", seed, None, out)
                 for arm in settings.arms:
                     cells[arm][h].before.append(result)
         report.model = base_cfg.model.name
-        report.recipe = arm_overrides("Pi", seed, Path("<run_dir>"), settings)
+        report.recipe = arm_overrides(settings.arms[0], seed, Path("<run_dir>"), settings, training=True)
+    report.comparisons = sum(
+        1 for arm in settings.arms for h in settings.eval_harnesses if cells[arm][h].before and cells[arm][h].after
+    )
     for row in cells.values():
         for cell in row.values():
-            aggregate(cell)
-    report.mixed_vs_single = mixed_vs_single(cells)
+            aggregate(cell, evidence, max(1, report.comparisons))
+    report.mixed_vs_single = mixed_vs_single(cells, evidence, max(1, report.comparisons))
+    report.evidence = str(write_rows(out / "evidence.jsonl.gz", evidence))
+    if publish is not None:
+        write_rows(publish / f"{EXPERIMENT}.jsonl.gz", evidence)
     report.wall_s = time.perf_counter() - start
     save(report, out)
     return report
+
+
+def _rows(report: EvalReport, arm: str, phase: str, seed: int, checkpoint: Path | None, out: Path) -> list[EvidenceRow]:
+    where = str(checkpoint.relative_to(out)) if checkpoint is not None else None
+    return rows_from_report(
+        report,
+        experiment=EXPERIMENT,
+        arm=arm,
+        phase=phase,
+        seed=seed,
+        checkpoint=where,
+        commit=report.commit or "unknown",
+    )
+
+
+def training_rows(run_dir: Path, arm: str, out: Path) -> list[EvidenceRow]:
+    """The arm's training rollouts at one seed (the trainer's rollouts.jsonl), named as the matrix names them."""
+    log = run_dir / "rollouts.jsonl"
+    if not log.is_file():
+        return []
+    return [r.model_copy(update={"experiment": EXPERIMENT, "arm": arm}) for r in read_rows(log)]
 
 
 def _evaluate(
@@ -449,7 +485,7 @@ def save(report: MatrixReport, out: Path) -> None:
 
 
 def plot_matrix(report: MatrixReport, path: Path) -> Path:
-    """One panel per evaluation harness: each arm's gain (after - before) with its noise as the error bar."""
+    """One panel per evaluation harness: each arm's gain with its 95 % interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -459,24 +495,20 @@ def plot_matrix(report: MatrixReport, path: Path) -> Path:
     arms = [a for a in report.cells if a != UNTRAINED]
     fig, axes = plt.subplots(1, len(harnesses), figsize=(4 * len(harnesses), 3.6), sharey=True, squeeze=False)
     for ax, h in zip(axes[0], harnesses):
-        gains = [report.cells[a][h].gain_mean for a in arms]
-        noise = [report.cells[a][h].noise or 0.0 for a in arms]
+        gains = [report.cells[a][h].gain for a in arms]
+        values = np.array([g.value if g else 0.0 for g in gains])
+        spans = np.array([[g.value - g.low, g.high - g.value] if g else [0.0, 0.0] for g in gains]).T
         x = np.arange(len(arms))
-        ax.bar(
-            x,
-            [g if g is not None else 0.0 for g in gains],
-            yerr=noise,
-            capsize=4,
-            color=["tab:blue" if a != h else "tab:orange" for a in arms],
-        )
+        colours = ["tab:orange" if h in ARMS[a] else "tab:blue" for a in arms]
+        ax.bar(x, values, yerr=spans, capsize=4, color=colours)
         for xi, g in zip(x, gains):
             if g is None:
                 ax.text(xi, 0.0, "to run", ha="center", va="bottom", fontsize=7, rotation=90)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xticks(x, arms, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"evaluated in {h}", fontsize=10)
-    axes[0][0].set_ylabel("held-out reward gain (± noise)")
-    fig.suptitle(f"{SUITE}: GRPO transfer ({report.model}); orange = trained in the same harness", fontsize=10)
+    axes[0][0].set_ylabel("held-out reward gain (95 % interval)")
+    fig.suptitle(f"{SUITE}: GRPO transfer ({report.model}); orange = trained in that harness", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -486,23 +518,24 @@ def plot_matrix(report: MatrixReport, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> MatrixReport:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs") / "transfer-matrix")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--eval-harnesses", nargs="+", default=EVAL_HARNESSES, choices=EVAL_HARNESSES)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
+    parser.add_argument("--eval-harnesses", nargs="+", default=DEFAULT_EVAL_HARNESSES, choices=EVAL_HARNESSES)
+    parser.add_argument("--seeds", nargs="+", type=int, default=DEFAULT_SEEDS)
     parser.add_argument("--quick", action="store_true", help="tiny random model, 1 step, 1 task (plumbing check)")
     parser.add_argument("--plan", action="store_true", help="run nothing: show what is done and what is left")
+    parser.add_argument("--publish", type=Path, help="also write the evidence to DIR/transfer_matrix.jsonl.gz")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
     settings = MatrixSettings(
         arms=args.arms, eval_harnesses=args.eval_harnesses, seeds=args.seeds, quick=args.quick, overrides=args.overrides
     )
-    report = run_matrix(settings, args.out, plan_only=args.plan)
+    report = run_matrix(settings, args.out, plan_only=args.plan, publish=args.publish)
     print(report.text())
     print(
         f"evaluations measured {report.evaluations_measured}, reused {report.evaluations_reused}; "
         f"trained {sum(r.trained_now for r in report.training)}, reused {sum(not r.trained_now for r in report.training)}"
     )
-    print(f"matrix: {args.out / 'matrix.json'}  table: {args.out / 'matrix.txt'}  plot: {args.out / 'matrix.png'}")
+    print(f"matrix: {args.out / 'matrix.json'}  table: {args.out / 'matrix.txt'}  evidence: {report.evidence}")
     return report
 
 

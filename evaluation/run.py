@@ -21,6 +21,7 @@ from typing import Any
 from clawgym_env.interfaces import Policy
 from clawgym_env.specs import TaskSpec
 from evaluation.cache import EvalCache, EvalKey, default_concurrency
+from evaluation.evidence import current_commit
 from evaluation.report import EvalConfig, EvalReport, EvalRow, build_report
 from evaluation.task_selection import select_tasks
 
@@ -189,6 +190,7 @@ def evaluate(
         failed_as_zero=failed_as_zero,
     )
     report = build_report(rows, config)
+    report.commit = current_commit()
     report.wall_s = time.perf_counter() - start
     report.run_dir = str(run_dir)
     if save:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from evaluation.evidence import EvidenceLog, current_commit, rows_from_batch
 from trainers import distributed as D
 from trainers.config import TrainConfig
 from trainers.core import Trainer
@@ -289,10 +290,16 @@ class Run:
     train_tasks: list[list[Any]] = field(default_factory=list)
     eval_tasks: list[list[Any]] = field(default_factory=list)
     samplers: list[TaskSampler] = field(default_factory=list)
+    row_fields: dict[str, Any] = field(default_factory=dict)  # experiment, arm, seed, suite, commit of its rows
 
     @property
     def ckpt_dir(self) -> Path:
         return self.run_dir / "checkpoints"
+
+    @property
+    def rollout_log(self) -> EvidenceLog:
+        """Every training rollout, one JSON line each (`<run_dir>/rollouts.jsonl`)."""
+        return EvidenceLog(self.run_dir / "rollouts.jsonl", enabled=self.main_rank)
 
     def evaluate(self, label: str) -> dict[str, float]:
         """Held-out reward per harness (rank 0 runs it, every rank gets it), logged under `label`. The start
@@ -422,6 +429,7 @@ def resume(run: Run) -> None:
     trainer = run.trainer
     extra = trainer.load_checkpoint(path)
     dropped = run.logger.truncate_after(trainer.step)  # steps past the checkpoint run again
+    run.rollout_log.truncate_after(trainer.step)
     if dropped and run.main_rank:
         console.print(f"dropped {dropped} metric records past step {trainer.step}: those steps run again")
     for sampler, state in zip(run.samplers, extra.get("samplers", [])):
@@ -508,7 +516,22 @@ def training_step(run: Run, on_update: Callable[[], None] | None = None) -> dict
     metrics["rollout_s"] = rollout_s
     metrics["policy_version"] = float(run.trainer.step)
     run.logger.log(metrics, run.trainer.step)
+    if run.main_rank:
+        run.rollout_log.append(rows_from_batch(batch, run.trainer.step, **training_row_fields(run)))
     return metrics
+
+
+def training_row_fields(run: Run) -> dict[str, Any]:
+    """What every training rollout row of this run says about the policy (see evaluation.evidence)."""
+    if not run.row_fields:
+        run.row_fields = {
+            "experiment": run.run_dir.name,
+            "arm": "+".join(env.harness.name for env in run.envs),
+            "seed": run.cfg.seed,
+            "suite": "+".join(dict.fromkeys(env.suite.name for env in run.envs)),
+            "commit": current_commit(),
+        }
+    return run.row_fields
 
 
 def save_checkpoint(run: Run) -> None:

@@ -1,6 +1,6 @@
-"""The transfer matrix: its arithmetic (before/after, noise, mixed vs single), and its --quick form end to end
-(tiny random model, real trainers, real harness CLIs): table, JSON and plot shape, and a rerun that trains
-and evaluates nothing again."""
+"""The transfer matrix: its cells (paired gains with intervals from the evidence rows, mixed vs single at
+equal budget), and its --quick form end to end (tiny random model, real trainers, real harness CLIs): table,
+JSON, plot and evidence file, and a rerun that trains and evaluates nothing again."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.transfer_matrix import (
     ARMS,
-    EVAL_HARNESSES,
+    DEFAULT_EVAL_HARNESSES,
+    GROUPS_PER_STEP,
     UNTRAINED,
     Cell,
     MatrixReport,
@@ -23,6 +25,7 @@ from benchmarks.transfer_matrix import (
     main,
     mixed_vs_single,
 )
+from evaluation.evidence import EvidenceRow, read_rows
 from trainers.main import compose
 
 
@@ -30,82 +33,142 @@ def seeds(*rewards: float) -> list[SeedResult]:
     return [SeedResult(seed=i, reward=r, rollouts=2, failed=0, results="-") for i, r in enumerate(rewards)]
 
 
-def test_a_cell_is_before_to_after_with_the_learning_tests_noise() -> None:
-    cell = aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.25, 0.35), after=seeds(0.75, 0.65)))
-    # gains 0.50 and 0.30: mean 0.40; std (ddof 1) of before 0.0707, of gains 0.1414 -> noise 0.1414
-    assert cell.seeds == 2 and cell.before_mean == pytest.approx(0.30) and cell.after_mean == pytest.approx(0.70)
-    assert cell.gain_mean == pytest.approx(0.40) and cell.noise == pytest.approx(0.02**0.5)
-    assert cell.improved and "0.300→0.700 (+0.400 ±0.141, n=2)" == cell.text()
-    flat = aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.1, 0.6), after=seeds(0.3, 0.7)))
-    assert flat.improved is False  # the start alone spreads more than the gain
-    one = aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.1, 0.6), after=seeds(0.3)))
-    assert one.seeds == 1 and one.noise is None and one.improved is None  # one seed cannot tell noise
-    assert aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.1))).text() == "to run"
+def evidence(arm: str, harness: str, before: list[list[float]], after: list[list[float]]) -> list[EvidenceRow]:
+    """Rows of 4 tasks per seed: task t of seed s scores before[s][t] untrained and after[s][t] trained."""
+    rows = []
+    for phase, name, table in (("before", UNTRAINED, before), ("after", arm, after)):
+        for s, values in enumerate(table):
+            for t, reward in enumerate(values):
+                rows.append(
+                    EvidenceRow(
+                        experiment="m",
+                        arm=name,
+                        phase=phase,
+                        seed=s,
+                        eval_harness=harness,
+                        suite="ClawGymBench",
+                        task_id=f"t{t}",
+                        reward=reward,
+                    )
+                )
+    return rows
 
 
-def test_mixed_against_single_per_harness() -> None:
+def test_a_cell_is_the_paired_gain_with_its_interval() -> None:
+    before = [[0.0, 0.5, 0.0, 0.5], [0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 0.0, 0.0]]
+    after = [[1.0, 1.0, 0.5, 1.0], [1.0, 0.5, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.5]]
+    rows = evidence("Pi", "Pi", before, after)
+    cell = Cell(arm="Pi", harness="Pi", before=seeds(*np.mean(before, 1)), after=seeds(*np.mean(after, 1)))
+    cell = aggregate(cell, rows, comparisons=6)
+    assert cell.before_mean == pytest.approx(0.25) and cell.after_mean == pytest.approx(0.875)
+    assert cell.gain.value == pytest.approx(0.625) and cell.gain.seeds == 4 and cell.gain.comparisons == 6
+    assert cell.gain.shown and cell.gain.holds_after and cell.gain.low > 0.3
+    assert cell.text().startswith("0.250→0.875 (+0.625 [") and "shown, n=4" in cell.text()
+    flat = aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.25), after=seeds(0.3)), rows[:4] + rows[16:20], 1)
+    assert flat.gain.seeds == 1
+    assert aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.1)), rows, 1).text() == "to run"
+
+
+def test_mixed_against_single_is_a_paired_difference() -> None:
+    before = [[0.0, 0.5, 0.0, 0.5]] * 4
+    rows = evidence("ClaudeCode", "ClaudeCode", before, [[1.0, 1.0, 0.5, 1.0]] * 4)
+    rows += [
+        r
+        for r in evidence("OpenClaw+ClaudeCode", "ClaudeCode", before, [[0.0, 0.5, 0.0, 0.5]] * 4)
+        if r.phase == "after"
+    ]
     cells = {
-        "Pi": {"Pi": aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.2, 0.2), after=seeds(0.5, 0.5)))},
-        "Pi+ClaudeCode": {
-            "Pi": aggregate(Cell(arm="Pi+ClaudeCode", harness="Pi", before=seeds(0.2, 0.2), after=seeds(0.3, 0.3))),
-            "ClaudeCode": aggregate(Cell(arm="Pi+ClaudeCode", harness="ClaudeCode", before=seeds(0.1, 0.1))),
-        },
+        arm: {
+            "ClaudeCode": aggregate(
+                Cell(arm=arm, harness="ClaudeCode", before=seeds(0.25) * 4, after=seeds(0.5) * 4), rows, 1
+            )
+        }
+        for arm in ("ClaudeCode", "OpenClaw+ClaudeCode")
     }
-    out = mixed_vs_single(cells)
-    assert out["Pi"]["difference"] == pytest.approx(-0.2) and out["Pi"]["noise"] == pytest.approx(0.0)
-    assert out["ClaudeCode"]["difference"] is None  # neither arm measured there yet
+    out = mixed_vs_single(cells, rows, 1)
+    d = out["OpenClaw+ClaudeCode"]["ClaudeCode"]
+    assert d.value == pytest.approx(-0.625) and d.shown  # the mixed arm gained nothing, the single one +0.625
+    assert "OpenClaw" not in out["OpenClaw+ClaudeCode"]  # no single-harness OpenClaw arm measured
 
 
-def test_each_arm_trains_through_its_harnesses_with_the_main_recipe(tmp_path: Path) -> None:
+def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path) -> None:
     for arm, harnesses in ARMS.items():
         cfg = compose(arm_overrides(arm, 3, tmp_path / arm, MatrixSettings()))
         assert cfg.env.ids == [f"ClawGymBench-{h}" for h in harnesses], arm
+        assert cfg.env.tasks_per_step * len(cfg.env.ids) == GROUPS_PER_STEP and cfg.env.group_size == 8, arm
         assert cfg.seed == 3 and cfg.env.suite_seed == 0  # one set of held-out tasks for every seed
+        assert cfg.env.eval_tasks * cfg.eval.repeats == 64  # held-out rollouts per evaluation
         assert "qwen2.5-coder-0.5b" in cfg.model.name and cfg.model.lora.enabled  # the learning test's recipe
         assert cfg.checkpoint.resume == "auto" and not cfg.eval.at_start
 
 
 def means(report: MatrixReport) -> dict[str, dict[str, tuple]]:
     return {
-        a: {h: (c.before_mean, c.after_mean, c.noise, c.seeds) for h, c in row.items()}
+        a: {h: (c.before_mean, c.after_mean, c.gain.value if c.gain else None, c.seeds) for h, c in row.items()}
         for a, row in report.cells.items()
     }
 
 
 @pytest.mark.harness
-def test_quick_matrix_writes_table_json_plot_and_a_rerun_skips_finished_cells(tmp_path: Path) -> None:
-    arms = ["WhiteBox", "Pi+ClaudeCode"]
-    argv = ["--quick", "--out", str(tmp_path), "--arms", *arms, "--seeds", "0", "1"]
-    first = main(argv)
+def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished_cells(tmp_path: Path) -> None:
+    arms = ["WhiteBox", "OpenClaw+ClaudeCode"]
+    argv = ["--quick", "--out", str(tmp_path / "m"), "--arms", *arms, "--seeds", "0", "1"]
+    first = main([*argv, "--publish", str(tmp_path / "published")])
+    out = tmp_path / "m"
     assert list(first.cells) == [UNTRAINED, *arms]
     for row in first.cells.values():
-        assert list(row) == EVAL_HARNESSES
+        assert list(row) == DEFAULT_EVAL_HARNESSES
         for cell in row.values():
-            assert cell.seeds == 2 and cell.before_mean is not None and cell.noise is not None
+            assert cell.seeds == 2 and cell.before_mean is not None
             assert all(r.rollouts == 1 for r in cell.before + cell.after)
     for arm in arms:
-        assert all(cell.after_mean is not None for cell in first.cells[arm].values())
+        assert all(cell.gain is not None and cell.gain.seeds == 2 for cell in first.cells[arm].values())
+    assert first.comparisons == len(arms) * len(DEFAULT_EVAL_HARNESSES)
     assert sorted((r.arm, r.seed, r.trained_now) for r in first.training) == sorted(
         (a, s, True) for a in arms for s in (0, 1)
     )
     # the untrained policy is measured once per seed and harness, then reused by every arm's "before"
-    assert first.evaluations_measured == 2 * len(EVAL_HARNESSES) * (1 + len(arms)) and first.evaluations_reused == 0
-    saved = MatrixReport.model_validate_json((tmp_path / "matrix.json").read_text())
+    n_evals = 2 * len(DEFAULT_EVAL_HARNESSES) * (1 + len(arms))
+    assert first.evaluations_measured == n_evals and first.evaluations_reused == 0
+
+    # every rollout is a row: one per evaluation (quick: 1 task x 1 repeat) and each training rollout
+    rows = read_rows(out / "evidence.jsonl.gz")
+    assert read_rows(tmp_path / "published" / "transfer_matrix.jsonl.gz") == rows
+    evaluated = [r for r in rows if r.phase != "train"]
+    assert len(evaluated) == n_evals
+    assert {(r.arm, r.phase) for r in evaluated} == {(UNTRAINED, "before"), *((a, "after") for a in arms)}
+    assert all(
+        r.checkpoint == f"train/{r.arm.lower().replace('+', '-')}-seed{r.seed}/checkpoints/latest.pt"
+        for r in evaluated
+        if r.phase == "after"
+    )
+    trained = [r for r in rows if r.phase == "train"]
+    mixed = [r for r in trained if r.arm == "OpenClaw+ClaudeCode"]
+    white = [r for r in trained if r.arm == "WhiteBox"]
+    assert {r.eval_harness for r in mixed} == {"OpenClaw", "ClaudeCode"} and {r.step for r in trained} == {1}
+    assert len(mixed) == len(white) > 0  # equal training budgets
+    assert all(r.commit != "unknown" for r in rows)
+    cell = first.cells["WhiteBox"]["WhiteBox"]
+    recomputed = np.mean([r.reward for r in evaluated if r.arm == "WhiteBox" and r.eval_harness == "WhiteBox"])
+    assert cell.after_mean == pytest.approx(recomputed)  # the table is what the rows say
+
+    saved = MatrixReport.model_validate_json((out / "matrix.json").read_text())
     assert saved.cells == first.cells
-    text = (tmp_path / "matrix.txt").read_text()
-    assert all(f"evaluated in {h}" in text for h in EVAL_HARNESSES) and "→" in text and "n=2" in text
-    assert "mixed vs single" not in text  # no single-harness Pi or Claude Code arm in this run
-    assert (tmp_path / "matrix.png").stat().st_size > 5000
-    mixed = json.loads((tmp_path / "train" / "pi-claudecode-seed0" / "config.json").read_text())
-    assert mixed["env"]["ids"] == ["ClawGymBench-Pi", "ClawGymBench-ClaudeCode"]
+    text = (out / "matrix.txt").read_text()
+    assert all(f"evaluated in {h}" in text for h in DEFAULT_EVAL_HARNESSES) and "→" in text and "n=2" in text
+    assert "vs" not in text.split("comparisons)")[-1]  # no single-harness OpenClaw or Claude Code arm here
+    assert (out / "matrix.png").stat().st_size > 5000
+    config = json.loads((out / "train" / "openclaw-claudecode-seed0" / "config.json").read_text())
+    assert config["env"]["ids"] == ["ClawGymBench-OpenClaw", "ClawGymBench-ClaudeCode"]
 
     start = time.perf_counter()
     again = main(argv)
     assert not any(r.trained_now for r in again.training) and again.evaluations_measured == 0
     assert again.evaluations_reused == first.evaluations_measured and means(again) == means(first)
+    assert read_rows(out / "evidence.jsonl.gz") == rows
     assert time.perf_counter() - start < 60  # nothing trained or rolled out (training alone took minutes)
 
-    plan = main(["--quick", "--out", str(tmp_path), "--plan", "--seeds", "0", "1"])
+    plan = main(["--quick", "--out", str(out), "--plan", "--seeds", "0", "1", "--arms", *ARMS])
     assert list(plan.cells) == [UNTRAINED, *ARMS]
     assert {a: row for a, row in means(plan).items() if a in first.cells} == means(first)
-    assert plan.cells["Pi"]["Pi"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
+    assert plan.cells["Pi"]["WhiteBox"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
