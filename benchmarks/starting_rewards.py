@@ -5,8 +5,13 @@ A harness that starts at 0 gives GRPO no signal (every group is degenerate), so 
 policy greedily (T=0, one rollout per task) on the same held-out tasks through each harness, with the
 learning recipe's per-call limits (`trainers.main_job.MAIN_OVERRIDES`), and prints one row per harness:
 
-    .venv/bin/python -m benchmarks.starting_rewards                     # 0.5B policy, 8 tasks, 3 harnesses
+    .venv/bin/python -m benchmarks.starting_rewards                     # 0.5B policy, 8 tasks, 4 harnesses
+    .venv/bin/python -m benchmarks.starting_rewards --harnesses OpenClaw --publish docs/results   # one harness
     .venv/bin/python -m benchmarks.starting_rewards --model tiny-qwen3 --count 1 --harnesses Pi   # plumbing
+
+Every rollout is an `evaluation.evidence.EvidenceRow` (arm "untrained", phase "before") in
+<out>/evidence.jsonl.gz; `--publish DIR` merges them into DIR/starting_rewards.jsonl.gz, replacing the rows
+of the harnesses measured again, so the docs' table (`benchmarks.experiment_report`) is rebuilt from them.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation import evaluate, make_eval_policy
+from evaluation.evidence import UNTRAINED, EvidenceRow, read_rows, rows_from_report, write_rows
 
 # The learning recipe's limits (trainers/main_job.py, MAIN_OVERRIDES), as env options.
 RECIPE_LIMITS = {"max_new_tokens": 96, "max_calls": 2, "score_capped": True}
-HARNESSES = ["WhiteBox", "Pi", "ClaudeCode"]
+HARNESSES = ["WhiteBox", "Pi", "ClaudeCode", "OpenClaw"]
+EXPERIMENT = "starting_rewards"
 
 
 def starting_rewards(
@@ -35,6 +42,7 @@ def starting_rewards(
     out: Path,
     concurrency: int | None,
     rollout_timeout_s: float,
+    evidence: list[EvidenceRow] | None = None,
 ) -> list[dict[str, object]]:
     """One greedy evaluation per harness; a row each with mean reward, successes, failures and time.
 
@@ -56,6 +64,9 @@ def starting_rewards(
             model_name=model,
             progress=False,
         )
+        if evidence is not None:
+            fields = {"experiment": EXPERIMENT, "arm": UNTRAINED, "phase": "before", "seed": 0}
+            evidence += rows_from_report(report, **fields, commit=report.commit or "unknown")
         (stats,) = report.by_env.values()
         successes = sum(row.success for row in report.rows)
         reasons = {f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()}
@@ -76,7 +87,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: machine's)")
     parser.add_argument("--rollout-timeout-s", type=float, default=1800.0, help="per rollout (timeouts score 0)")
     parser.add_argument("--out", type=Path, default=Path("runs") / "starting-rewards")
+    parser.add_argument("--publish", type=Path, help="merge the rows into DIR/starting_rewards.jsonl.gz")
     args = parser.parse_args(argv)
+    evidence: list[EvidenceRow] = []
     rows = starting_rewards(
         args.model,
         args.harnesses,
@@ -86,7 +99,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
         out=args.out,
         concurrency=args.concurrency,
         rollout_timeout_s=args.rollout_timeout_s,
+        evidence=evidence,
     )
+    write_rows(args.out / "evidence.jsonl.gz", evidence)
+    if args.publish is not None:
+        publish(evidence, args.publish / f"{EXPERIMENT}.jsonl.gz")
     table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, greedy, 1 rollout/task")
     for column in ("harness", "mean reward", "successes", "failed", "wall s", "failure reasons"):
         table.add_column(column)
@@ -103,6 +120,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "starting_rewards.json").write_text(json.dumps(rows, indent=2, default=str))
     return rows
+
+
+def publish(rows: list[EvidenceRow], path: Path) -> Path:
+    """Merge into a published file: the harnesses measured now replace their earlier rows."""
+    measured = {r.eval_harness for r in rows}
+    kept = [r for r in read_rows(path) if r.eval_harness not in measured] if path.is_file() else []
+    return write_rows(path, kept + rows)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 import json
 
-from benchmarks.starting_rewards import RECIPE_LIMITS, main
+from benchmarks.starting_rewards import RECIPE_LIMITS, main, publish
+from evaluation.evidence import read_rows
 
 
 def test_one_row_per_harness_with_the_recipe_limits(tmp_path) -> None:
@@ -13,3 +14,23 @@ def test_one_row_per_harness_with_the_recipe_limits(tmp_path) -> None:
     assert json.loads((tmp_path / "starting_rewards.json").read_text())[0]["harness"] == "WhiteBox"
     results = json.loads((tmp_path / "WhiteBox" / "results.json").read_text())
     assert results["rows"][0]["num_calls"] <= RECIPE_LIMITS["max_calls"]
+    (row,) = read_rows(tmp_path / "evidence.jsonl.gz")
+    assert (row.arm, row.phase, row.eval_harness, row.reward) == (
+        "untrained",
+        "before",
+        "WhiteBox",
+        rows[0]["mean_reward"],
+    )
+
+
+def test_published_rows_replace_only_the_harnesses_measured_again(tmp_path) -> None:
+    from evaluation.evidence import EvidenceRow
+
+    def rows(harness: str, reward: float) -> list[EvidenceRow]:
+        fields = {"experiment": "starting_rewards", "arm": "untrained", "phase": "before", "seed": 0, "suite": "S"}
+        return [EvidenceRow(**fields, eval_harness=harness, task_id="t", reward=reward)]
+
+    path = tmp_path / "starting_rewards.jsonl.gz"
+    publish(rows("Pi", 0.5) + rows("OpenClaw", 0.0), path)
+    publish(rows("OpenClaw", 1.0), path)
+    assert {(r.eval_harness, r.reward) for r in read_rows(path)} == {("Pi", 0.5), ("OpenClaw", 1.0)}
