@@ -1,0 +1,293 @@
+"""The experiments' tables in the docs, rebuilt from the committed per-rollout evidence.
+
+    .venv/bin/python -m benchmarks.experiment_report            # rewrite the generated blocks (and the plot)
+    .venv/bin/python -m benchmarks.experiment_report --check    # exit 1 if a doc says what the files do not
+
+Every number in a generated block of docs/experiments.md and of the README comes from the evidence files
+under docs/results/ (`evaluation.evidence`): the starting rewards (`benchmarks.starting_rewards
+--publish docs/results`) and the transfer matrix (`benchmarks.transfer_matrix --publish docs/results`).
+A block sits between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`; text outside the
+blocks is written by hand. tests/docs/test_experiment_report.py runs `--check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.evidence import UNTRAINED, EvidenceRow, degenerate_groups, read_rows
+from evaluation.gains import Estimate, difference, gain
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+DOCS = [REPO / "docs" / "experiments.md", REPO / "README.md"]
+MATRIX_SUITE = "ClawGymBench"
+BLACK_BOX = ["OpenClaw", "ClaudeCode", "Pi"]
+MARKER = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
+
+
+def _load(name: str, results: Path) -> list[EvidenceRow]:
+    path = results / f"{name}.jsonl.gz"
+    return read_rows(path) if path.is_file() else []
+
+
+def _fmt(e: Estimate) -> str:
+    return f"{e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
+
+
+def _verdict(e: Estimate) -> str:
+    if not e.shown:
+        return "no change detectable"
+    return ("**shown**" if e.value > 0 else "**a loss, shown**") + (
+        f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons"
+    )
+
+
+# ------------------------------------------------------------------------------------------- starting rewards
+def starting_rewards_block(rows: list[EvidenceRow]) -> str:
+    if not rows:
+        return "No stored run yet: `python -m benchmarks.starting_rewards --publish docs/results`.\n"
+    by_harness: dict[str, list[EvidenceRow]] = defaultdict(list)
+    for r in rows:
+        by_harness[r.eval_harness].append(r)
+    lines = [
+        "| harness | tasks | mean reward | full successes | failed | mean calls | commit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for harness in sorted(
+        by_harness, key=lambda h: ["WhiteBox", *BLACK_BOX].index(h) if h in BLACK_BOX + ["WhiteBox"] else 9
+    ):
+        rs = by_harness[harness]
+        commits = sorted({r.commit[:10] for r in rs})
+        lines.append(
+            f"| {harness} | {len({r.task_id for r in rs})} | {np.mean([r.reward for r in rs]):.3f} "
+            f"| {sum(r.reward >= 1.0 for r in rs)}/{len(rs)} | {sum(r.status != 'ok' for r in rs)} "
+            f"| {np.mean([r.num_calls for r in rs]):.1f} | {', '.join(commits)} |"
+        )
+    return "\n".join(lines) + "\n\nFrom `docs/results/starting_rewards.jsonl.gz` (one row per rollout).\n"
+
+
+# ------------------------------------------------------------------------------------------- transfer matrix
+class Matrix:
+    """The matrix's cells computed from its evidence rows."""
+
+    def __init__(self, rows: list[EvidenceRow]) -> None:
+        self.rows = [r for r in rows if r.suite == MATRIX_SUITE or r.phase == "train"]
+        evaluated = [r for r in self.rows if r.phase != "train"]
+        order = ["WhiteBox", *BLACK_BOX]
+        self.harnesses = sorted({r.eval_harness for r in evaluated}, key=lambda h: order.index(h) if h in order else 9)
+        self.arms = sorted({r.arm for r in evaluated if r.arm != UNTRAINED}, key=lambda a: (len(a.split("+")), a))
+        self.cells: dict[tuple[str, str], Estimate] = {}
+        pairs = [(a, h) for a in self.arms for h in self.harnesses if self._has(a, h)]
+        self.comparisons = len(pairs)
+        for arm, h in pairs:
+            self.cells[arm, h] = gain(self.rows, arm, h, comparisons=self.comparisons, suite=MATRIX_SUITE)
+
+    def _has(self, arm: str, harness: str) -> bool:
+        seeds = {r.seed for r in self.rows if r.arm == arm and r.eval_harness == harness and r.phase == "after"}
+        before = {r.seed for r in self.rows if r.arm == UNTRAINED and r.eval_harness == harness}
+        return bool(seeds & before)
+
+    def mean(self, arm: str, harness: str, phase: str) -> float:
+        return float(
+            np.mean([r.reward for r in self.rows if (r.arm, r.eval_harness, r.phase) == (arm, harness, phase)])
+        )
+
+    def table(self) -> str:
+        head = "| trained in ↓ / evaluated in → | " + " | ".join(self.harnesses) + " |"
+        lines = [head, "|---" * (len(self.harnesses) + 1) + "|"]
+        untrained = []
+        for h in self.harnesses:
+            seeds = {r.seed for r in self.rows if r.arm == UNTRAINED and r.eval_harness == h}
+            untrained.append(f"{self.mean(UNTRAINED, h, 'before'):.3f} ({len(seeds)} seeds)")
+        lines.append("| untrained | " + " | ".join(untrained) + " |")
+        for arm in self.arms:
+            cells = []
+            for h in self.harnesses:
+                e = self.cells.get((arm, h))
+                cells.append(
+                    "to run"
+                    if e is None
+                    else f"{self.mean(arm, h, 'after'):.3f}: {_fmt(e)}, {_verdict(e)} (n={e.seeds})"
+                )
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def budgets(self) -> str:
+        train = [r for r in self.rows if r.phase == "train"]
+        flat = degenerate_groups(train)
+        lines = ["| arm | training rollouts per seed | degenerate groups | mean training reward |", "|---|---|---|---|"]
+        for arm in self.arms:
+            rs = [r for r in train if r.arm == arm]
+            if not rs:
+                continue
+            per_seed = len(rs) / len({r.seed for r in rs})
+            n_flat, total = flat.get(arm, (0, 0))
+            lines.append(
+                f"| {arm} | {per_seed:.0f} | {n_flat}/{total} ({n_flat / total:.0%}) | {np.mean([r.reward for r in rs]):.3f} |"
+            )
+        return "\n".join(lines) + "\n"
+
+    def claims(self) -> str:
+        out = [f"Read off one table of {self.comparisons} cells (Bonferroni for that many comparisons):", ""]
+        wb = self.cells.get(("WhiteBox", "WhiteBox"))
+        if wb is not None:
+            own = [e.value for (a, h), e in self.cells.items() if h == "WhiteBox"]
+            largest = wb.value >= max(own)
+            out.append(
+                f"1. *White-box training gains most in its own loop*: {_fmt(wb)}, {_verdict(wb)}; "
+                + ("the largest gain in the white-box column." if largest else "not the largest gain in its column.")
+            )
+        transfer = [
+            (h, self.cells[("WhiteBox", h)])
+            for h in self.harnesses
+            if ("WhiteBox", h) in self.cells and h != "WhiteBox"
+        ]
+        if transfer:
+            out.append(
+                "2. *It transfers weakly to the black-box harnesses*: "
+                + "; ".join(f"in {h} {_fmt(e)}, {_verdict(e)}" for h, e in transfer)
+                + "."
+            )
+        own_gains = [(h, self.cells[(h, h)]) for h in self.harnesses if (h, h) in self.cells and h != "WhiteBox"]
+        if own_gains:
+            parts = []
+            for h, e in own_gains:
+                ends = {a: self.mean(a, h, "after") for a in self.arms if (a, h) in self.cells}
+                best = max(ends, key=ends.get)
+                parts.append(f"in {h} {_fmt(e)}, {_verdict(e)}; highest end reward there: {best} ({ends[best]:.3f})")
+            out.append("3. *Black-box training through a harness improves that harness*: " + "; ".join(parts) + ".")
+        mixed = self.mixed()
+        if mixed:
+            out.append(
+                "4. *A mixed batch matches single-harness training* (equal budgets): "
+                + "; ".join(
+                    f"{m} minus {h} alone, in {h}: {_fmt(d)}, {'shown' if d.shown else 'no difference detectable'}"
+                    for m, h, d in mixed
+                )
+                + "."
+            )
+        return "\n".join(out) + "\n"
+
+    def mixed(self) -> list[tuple[str, str, Estimate]]:
+        found = []
+        for arm in self.arms:
+            parts = arm.split("+")
+            for h in parts if len(parts) > 1 else []:
+                if (arm, h) in self.cells and (h, h) in self.cells:
+                    found.append(
+                        (arm, h, difference(self.rows, arm, h, h, comparisons=self.comparisons, suite=MATRIX_SUITE))
+                    )
+        return found
+
+
+def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
+    command = "python -m benchmarks.transfer_matrix --publish docs/results"
+    if not rows:
+        empty = f"No stored run yet: `{command}`.\n"
+        return {"transfer-matrix": empty, "transfer-claims": empty, "readme-summary": empty}
+    m = Matrix(rows)
+    seeds = sorted({r.seed for r in m.rows if r.phase != "train"})
+    source = (
+        f"From `docs/results/transfer_matrix.jsonl.gz` ({len(m.rows)} rollouts, seeds {seeds}; made by `{command}`). "
+        "A cell: end reward, gain [95 % interval], verdict, seeds.\n"
+    )
+    summary = [
+        f"Held-out gain in ClawGymBench level 0 with the 0.5B policy ({m.comparisons} cells, 95 % intervals):",
+        "",
+    ]
+    for (arm, h), e in m.cells.items():
+        if arm == h:
+            summary.append(f"- trained and evaluated in {h}: {_fmt(e)}, {_verdict(e)} ({e.seeds} seeds)")
+    summary += [
+        "",
+        "The whole matrix and the article's claims point by point: [docs/experiments.md](docs/experiments.md).",
+    ]
+    return {
+        "transfer-matrix": m.table() + "\n" + source + "\nTraining budgets and signal per arm:\n\n" + m.budgets(),
+        "transfer-claims": m.claims(),
+        "readme-summary": "\n".join(summary) + "\n",
+    }
+
+
+# ------------------------------------------------------------------------------------------- the docs
+def blocks(results: Path = RESULTS) -> dict[str, str]:
+    return {
+        "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
+        **matrix_blocks(_load("transfer_matrix", results)),
+    }
+
+
+def rewrite(text: str, generated: dict[str, str]) -> str:
+    """The doc with each generated block replaced; a block the generator does not know is an error."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in generated:
+            raise KeyError(f"unknown generated block {name!r}; known: {sorted(generated)}")
+        return match.group(1) + generated[name] + match.group(4)
+
+    return MARKER.sub(replace, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a doc is out of date")
+    args = parser.parse_args(argv)
+    generated = blocks()
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = rewrite(text, generated)
+        if new != text:
+            stale.append(doc)
+            if not args.check:
+                doc.write_text(new)
+    if args.check and stale:
+        print("out of date (run python -m benchmarks.experiment_report):", *map(str, stale), file=sys.stderr)
+        return 1
+    if not args.check:
+        plot_matrix(_load("transfer_matrix", RESULTS), RESULTS / "transfer_matrix.png")
+    return 0
+
+
+def plot_matrix(rows: list[EvidenceRow], path: Path) -> Path | None:
+    """Gains with 95 % intervals, one panel per evaluation harness (orange: trained in that harness)."""
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = Matrix(rows)
+    fig, axes = plt.subplots(1, len(m.harnesses), figsize=(4 * len(m.harnesses), 3.6), sharey=True, squeeze=False)
+    for ax, h in zip(axes[0], m.harnesses):
+        arms = [a for a in m.arms if (a, h) in m.cells]
+        es = [m.cells[(a, h)] for a in arms]
+        x = np.arange(len(arms))
+        spans = np.array([[e.value - e.low, e.high - e.value] for e in es]).T if es else None
+        ax.bar(
+            x,
+            [e.value for e in es],
+            yerr=spans,
+            capsize=4,
+            color=["tab:orange" if h in a.split("+") else "tab:blue" for a in arms],
+        )
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_xticks(x, arms, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"evaluated in {h}", fontsize=10)
+    axes[0][0].set_ylabel("held-out reward gain (95 % interval)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

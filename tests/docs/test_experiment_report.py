@@ -1,0 +1,70 @@
+"""The experiments' tables in the docs are what the committed evidence files give (benchmarks.experiment_report)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from benchmarks.experiment_report import DOCS, MARKER, blocks, main, rewrite
+from evaluation.evidence import EvidenceRow, write_rows
+
+
+def test_the_docs_say_what_the_stored_rows_say() -> None:
+    assert main(["--check"]) == 0, "run `python -m benchmarks.experiment_report` and commit the docs"
+    names = {m["name"] for doc in DOCS for m in MARKER.finditer(doc.read_text())}
+    assert {"starting-rewards", "transfer-matrix", "transfer-claims", "readme-summary"} <= names
+
+
+def _matrix_rows(gains: dict[str, float]) -> list[EvidenceRow]:
+    """4 seeds x 4 tasks x 2 rollouts: untrained scores 0.25 everywhere, each arm adds its gain in its own harness."""
+    rows = []
+    for seed in range(4):
+        for task in range(4):
+            for rep in range(2):
+                base = 0.5 if (seed + task + rep) % 2 else 0.0
+                common = {"experiment": "transfer_matrix", "seed": seed, "suite": "ClawGymBench", "task_id": f"t{task}"}
+                for h in ("WhiteBox", "OpenClaw"):
+                    rows.append(EvidenceRow(**common, arm="untrained", phase="before", eval_harness=h, reward=base))
+                    for arm, g in gains.items():
+                        reward = min(1.0, base + (g if arm == h else 0.0))
+                        rows.append(
+                            EvidenceRow(**common, arm=arm, phase="after", eval_harness=h, reward=reward, repeat=rep)
+                        )
+                for arm, g in gains.items():  # an arm that gains nothing had no signal in training either
+                    reward = base if g else 0.0
+                    rows.append(EvidenceRow(**common, arm=arm, phase="train", step=1, eval_harness=arm, reward=reward))
+    return rows
+
+
+def test_a_number_that_differs_from_the_files_fails_the_check(tmp_path: Path) -> None:
+    write_rows(tmp_path / "transfer_matrix.jsonl.gz", _matrix_rows({"WhiteBox": 0.5, "OpenClaw": 0.0}))
+    generated = blocks(tmp_path)
+    table = generated["transfer-matrix"]
+    assert "| WhiteBox | 0.750: +0.500 [" in table and "**shown**, holds for 4 comparisons (n=4)" in table
+    assert "| OpenClaw | 0.250: +0.000 [-0.125, +0.125], no change detectable (n=4)" in table
+    assert "| untrained | 0.250 (4 seeds) | 0.250 (4 seeds) |" in table
+    # budgets: training rollouts per seed, degenerate groups (a group: seed, step, harness, task)
+    assert "| OpenClaw | 8 | 16/16 (100%) | 0.000 |" in table and "| WhiteBox | 8 | 0/16 (0%) | 0.250 |" in table
+    claims = generated["transfer-claims"]
+    assert claims.startswith("Read off one table of 4 cells") and "the largest gain in the white-box column" in claims
+    doc = "intro\n<!-- generated: transfer-matrix -->\nstale 0.999\n<!-- end generated: transfer-matrix -->\nend\n"
+    fresh = rewrite(doc, generated)
+    assert "stale" not in fresh and fresh.startswith("intro\n") and fresh.endswith("end\n") and table in fresh
+    assert rewrite(fresh, generated) == fresh
+    with pytest.raises(KeyError, match="unknown generated block"):
+        rewrite("<!-- generated: nope -->\nx<!-- end generated: nope -->", generated)
+
+
+def test_without_stored_rows_a_block_says_how_to_make_them(tmp_path: Path) -> None:
+    generated = blocks(tmp_path)
+    assert generated["starting-rewards"].startswith("No stored run yet: `python -m benchmarks.starting_rewards")
+    assert generated["transfer-matrix"].startswith("No stored run yet: `python -m benchmarks.transfer_matrix")
+
+
+def test_published_files_are_readable_with_the_standard_library() -> None:
+    for path in (Path(__file__).resolve().parents[2] / "docs" / "results").glob("*.jsonl.gz"):
+        with gzip.open(path, "rt") as f:
+            first = f.readline()
+        assert '"arm"' in first and '"reward"' in first, path
