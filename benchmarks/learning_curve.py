@@ -1,4 +1,4 @@
-"""Does training raise held-out reward by more than the noise? GRPO and PPO, several seeds, one table.
+"""Does training raise held-out reward? GRPO and PPO, several seeds, one table with 95 % intervals.
 
     .venv/bin/python -m benchmarks.learning_curve --algorithms grpo ppo --seeds 0 1 2 -- \
         env=clawgym_pi model=qwen2.5-coder-0.5b model.lora.enabled=true steps=8
@@ -7,10 +7,11 @@
 For each algorithm and seed it trains from scratch (`trainers.loop.train`), reading the held-out reward
 (the env's eval split, per harness) at the start (after the warm start if enabled) and at the end. The
 start evaluation without warm start is measured once per seed and reused by the other algorithm
-(<out>/eval-cache, `evaluation.EvalCache`).
-Noise is the standard deviation over seeds of the start reward (the spread of the measurement itself);
-the run passes when the mean gain (end - start) exceeds max(noise, std of the gain over seeds) and is
-positive. Results go to <out>/learning_curve.json and the per-run folders.
+(<out>/eval-cache, `evaluation.EvalCache`). Every held-out and training rollout is an evidence row (each
+run's eval_rollouts.jsonl and rollouts.jsonl, gathered in <out>/evidence.jsonl.gz; `--publish FILE`
+writes them there too). An algorithm "learned" when the 95 % interval of its paired gain
+(`evaluation.gains`: bootstrap over seeds, tasks and rollouts) lies above zero. Results go to
+<out>/learning_curve.json and the per-run folders.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from evaluation.evidence import UNTRAINED, EvidenceRow, read_rows, write_rows
+from evaluation.gains import gain
 from trainers.loop import train
 from trainers.main import compose
 
@@ -79,18 +82,36 @@ def run(algorithm: str, seed: int, overrides: list[str], out: Path) -> dict[str,
     }
 
 
-def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def evidence(algorithm: str, rows: list[dict[str, Any]]) -> list[EvidenceRow]:
+    """The runs' held-out and training rollouts, the trained ones under arm `algorithm`."""
+    out = []
+    for r in rows:
+        run_dir = Path(r["run_dir"])
+        for name in ("eval_rollouts.jsonl", "rollouts.jsonl"):
+            if (run_dir / name).is_file():
+                out += [
+                    e.model_copy(
+                        update={"experiment": "learning_curve", "arm": e.arm if e.arm == UNTRAINED else algorithm}
+                    )
+                    for e in read_rows(run_dir / name)
+                ]
+    return out
+
+
+def verdict(algorithm: str, rows: list[dict[str, Any]], stored: list[EvidenceRow]) -> dict[str, Any]:
+    """Means over seeds, and the paired gain over every harness evaluated with its 95 % interval."""
     starts = np.array([r["start"] for r in rows])
     gains = np.array([r["gain"] for r in rows])
-    noise = float(max(starts.std(ddof=1) if len(rows) > 1 else 0.0, gains.std(ddof=1) if len(rows) > 1 else 0.0))
-    mean_gain = float(gains.mean())
-    return {
+    out: dict[str, Any] = {
         "start_mean": float(starts.mean()),
         "end_mean": float(np.mean([r["end"] for r in rows])),
-        "gain_mean": mean_gain,
-        "noise": noise,
-        "learned": bool(mean_gain > 0 and mean_gain > noise),
+        "gain_mean": float(gains.mean()),
     }
+    harnesses = sorted({e.eval_harness for e in stored if e.phase == "after" and e.arm == algorithm})
+    estimates = {h: gain(stored, algorithm, h) for h in harnesses}
+    out["gains"] = {h: e.model_dump() for h, e in estimates.items()}
+    out["learned"] = bool(estimates) and all(e.shown and e.value > 0 for e in estimates.values())
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -98,20 +119,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--algorithms", nargs="+", default=["grpo", "ppo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs") / f"learning-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--publish", type=Path, help="also write every rollout to FILE (e.g. docs/results/x.jsonl.gz)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"overrides": args.overrides, "algorithms": {}}
+    stored: list[EvidenceRow] = []
     for algorithm in args.algorithms:
         rows = [run(algorithm, seed, args.overrides, args.out) for seed in args.seeds]
-        report["algorithms"][algorithm] = {"runs": rows, **verdict(rows)}
+        rows_of_algorithm = evidence(algorithm, rows)
+        stored += [e for e in rows_of_algorithm if e not in stored]  # the shared start evaluation once
+        report["algorithms"][algorithm] = {"runs": rows, **verdict(algorithm, rows, rows_of_algorithm)}
         (args.out / "learning_curve.json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"{'algorithm':<8}{'start':>8}{'end':>8}{'gain':>8}{'noise':>8}  learned")
+    write_rows(args.out / "evidence.jsonl.gz", stored)
+    if args.publish is not None:
+        write_rows(args.publish, stored)
+    print(f"{'algorithm':<10}{'harness':<12}{'start':>8}{'end':>8}{'gain':>8}  95 % interval     learned")
     for algorithm, r in report["algorithms"].items():
-        print(
-            f"{algorithm:<8}{r['start_mean']:>8.3f}{r['end_mean']:>8.3f}{r['gain_mean']:>8.3f}{r['noise']:>8.3f}  {r['learned']}"
-        )
-    print(f"details: {args.out / 'learning_curve.json'}")
+        for h, e in r["gains"].items():
+            print(
+                f"{algorithm:<10}{h:<12}{r['start_mean']:>8.3f}{r['end_mean']:>8.3f}{e['value']:>+8.3f}  "
+                f"[{e['low']:+.3f}, {e['high']:+.3f}]  {r['learned']}"
+            )
+    print(f"details: {args.out / 'learning_curve.json'}; rollouts: {args.out / 'evidence.jsonl.gz'}")
     return report
 
 

@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from evaluation.evidence import EvidenceLog, current_commit, rows_from_batch
+from evaluation.evidence import (
+    UNTRAINED,
+    EvidenceLog,
+    EvidenceRow,
+    current_commit,
+    read_rows,
+    rows_from_batch,
+    write_rows,
+)
 from trainers import distributed as D
 from trainers.config import TrainConfig
 from trainers.core import Trainer
@@ -197,9 +205,10 @@ def tree_metrics(forests: list[Any]) -> dict[str, float]:
 
 def held_out_reward(
     envs: list[Any], tasks: list[list[Any]], policy: Any, repeats: int, concurrency: int | None = None
-) -> dict[str, float]:
-    """Mean held-out reward per harness (failed rollouts count 0) and overall; at most `concurrency`
-    rollouts at once (default: what the machine holds, evaluation.default_concurrency)."""
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Mean held-out reward per harness (failed rollouts count 0) and overall, and one outcome per rollout
+    (harness, suite, task, repeat, reward, status, calls, tokens); at most `concurrency` rollouts at once
+    (default: what the machine holds, evaluation.default_concurrency)."""
     from evaluation import default_concurrency
 
     gate = asyncio.Semaphore(concurrency or default_concurrency())
@@ -215,16 +224,31 @@ def held_out_reward(
 
     results = envs[0].runtime.run(run_all())
     by_harness: dict[str, list[float]] = {}
+    outcomes: list[dict[str, Any]] = []
     i = 0
     for env, ts in zip(envs, tasks):
-        for _ in range(len(ts) * repeats):
-            r = results[i]
-            i += 1
-            by_harness.setdefault(env.harness.name, []).append(float(r.reward) if r.status == "ok" else 0.0)
+        for task in ts:
+            for repeat in range(repeats):
+                r = results[i]
+                i += 1
+                reward = float(r.reward) if r.status == "ok" else 0.0
+                by_harness.setdefault(env.harness.name, []).append(reward)
+                outcomes.append(
+                    {
+                        "eval_harness": env.harness.name,
+                        "suite": env.suite.name,
+                        "task_id": task.id,
+                        "repeat": repeat,
+                        "reward": reward,
+                        "status": r.status,
+                        "num_calls": int(r.forest.stats.calls),
+                        "generated_tokens": int(r.forest.stats.generated_tokens),
+                    }
+                )
     out = {f"eval_reward/{h}": float(np.mean(v)) for h, v in by_harness.items()}
     out["eval_reward_mean"] = float(np.mean([x for v in by_harness.values() for x in v]))
     out["eval_rollouts"] = float(i)
-    return out
+    return out, outcomes
 
 
 def start_eval_key(cfg: TrainConfig, envs: list[Any], tasks: list[list[Any]]) -> Any:
@@ -324,13 +348,41 @@ class Run:
             cached = cache.get(key)
             if cached is not None:
                 console.print(f"eval (start): reusing {cache.path(key)}")
+                outcomes = cached.pop("rollouts", [])
+                self._store_eval_rows(label, outcomes, cached.pop("commit", "unknown"))
                 return {**cached, "eval_cached": 1.0}
-        metrics = held_out_reward(
+        metrics, outcomes = held_out_reward(
             self.eval_envs, self.eval_tasks, self.policy, self.cfg.eval.repeats, self.cfg.eval.concurrency
         )
+        commit = self._store_eval_rows(label, outcomes)
         if cache is not None and key is not None:
-            cache.put(key, metrics, run_dir=str(self.run_dir))
+            cache.put(key, {**metrics, "rollouts": outcomes, "commit": commit}, run_dir=str(self.run_dir))
         return metrics
+
+    def _store_eval_rows(self, label: str, outcomes: list[dict[str, Any]], commit: str | None = None) -> str:
+        """The start and end evaluations' rollouts as evidence (`<run_dir>/eval_rollouts.jsonl`: phase
+        "before" with arm "untrained", and "after"); a rerun of a phase (a resume) replaces its rows."""
+        fields = training_row_fields(self)
+        commit = commit or fields["commit"]
+        phase = {"start": "before", "end": "after"}.get(label)
+        if phase is None:
+            return commit
+        log = self.eval_log
+        kept = [r for r in read_rows(log.path) if r.phase != phase] if log.path.is_file() else []
+        arm = UNTRAINED if phase == "before" else fields["arm"]
+        new = [
+            EvidenceRow(**o, experiment=fields["experiment"], arm=arm, phase=phase, seed=self.cfg.seed, commit=commit)
+            for o in outcomes
+        ]
+        if phase == "after":
+            new = [r.model_copy(update={"checkpoint": f"step {self.trainer.step}"}) for r in new]
+        write_rows(log.path, kept + new)
+        return commit
+
+    @property
+    def eval_log(self) -> EvidenceLog:
+        """The start and end held-out evaluations, one JSON line per rollout (`<run_dir>/eval_rollouts.jsonl`)."""
+        return EvidenceLog(self.run_dir / "eval_rollouts.jsonl", enabled=self.main_rank)
 
 
 ALGORITHMS: dict[str, type[GRPO] | type[PPO]] = {"grpo": GRPO, "ppo": PPO}

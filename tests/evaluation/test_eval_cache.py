@@ -144,6 +144,13 @@ def test_the_trainers_start_evaluation_is_reused_across_runs(tmp_path: Path) -> 
     assert second["eval_start"]["eval_cached"] == 1.0
     assert {k: v for k, v in second["eval_start"].items() if k != "eval_cached"} == first["eval_start"]
     assert not (tmp_path / "ppo" / "rollouts" / "calls.jsonl").exists()  # no rollout ran for it
+    # the held-out rollouts are evidence rows in both runs, the reused ones included
+    from evaluation.evidence import read_rows
+
+    stored = {name: read_rows(tmp_path / name / "eval_rollouts.jsonl") for name in ("grpo", "ppo")}
+    assert [(r.arm, r.phase) for r in stored["grpo"]] == [("untrained", "before")]  # steps=0: the start is the end
+    before = [r.model_dump(exclude={"experiment"}) for rows in stored.values() for r in rows if r.phase == "before"]
+    assert before[0] == before[1] and before[0]["reward"] == first["eval_start"]["eval_reward_mean"]
     third = run("seed1", "seed=1")  # another sampling seed: measured again
     assert "eval_cached" not in third["eval_start"]
     assert len(list((tmp_path / "eval-cache").glob("held_out_reward-*.json"))) == 2

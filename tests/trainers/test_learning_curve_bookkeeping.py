@@ -5,15 +5,31 @@ from __future__ import annotations
 import json
 
 from benchmarks.learning_curve import finished_summary, verdict
+from evaluation.evidence import EvidenceRow
 from trainers.main import compose
 
 
-def test_verdict_needs_a_gain_above_the_noise() -> None:
-    rows = [{"start": 0.30, "end": 0.70, "gain": 0.40}, {"start": 0.40, "end": 0.75, "gain": 0.35}]
-    assert verdict(rows)["learned"]
-    noisy = [{"start": 0.1, "end": 0.3, "gain": 0.2}, {"start": 0.6, "end": 0.7, "gain": 0.1}]
-    assert not verdict(noisy)["learned"]  # the start alone varies by more than the gain
-    assert not verdict([{"start": 0.5, "end": 0.4, "gain": -0.1}, {"start": 0.5, "end": 0.4, "gain": -0.1}])["learned"]
+def _stored(gains: list[float], harness: str = "Pi") -> list[EvidenceRow]:
+    """Per seed, 8 tasks x 4 rollouts: half the untrained rollouts score 0.5, the trained ones that plus gain."""
+    rows = []
+    for seed, g in enumerate(gains):
+        for task in range(8):
+            for rep in range(4):
+                base = 0.5 if (task + rep) % 2 else 0.0
+                common = {"experiment": "l", "seed": seed, "eval_harness": harness, "suite": "S", "task_id": f"t{task}"}
+                rows.append(EvidenceRow(**common, arm="untrained", phase="before", repeat=rep, reward=base))
+                rows.append(EvidenceRow(**common, arm="grpo", phase="after", repeat=rep, reward=base + g))
+    return rows
+
+
+def test_learned_means_the_paired_interval_lies_above_zero() -> None:
+    runs = [{"start": 0.25, "end": 0.65, "gain": 0.4}] * 2
+    clear = verdict("grpo", runs, _stored([0.4, 0.4]))
+    assert clear["learned"] and clear["gains"]["Pi"]["low"] > 0 and clear["gains"]["Pi"]["seeds"] == 2
+    mixed = verdict("grpo", runs, _stored([0.4, -0.4]))  # one seed up, one down: the interval spans zero
+    assert not mixed["learned"] and mixed["gains"]["Pi"]["low"] < 0 < mixed["gains"]["Pi"]["high"]
+    assert not verdict("grpo", runs, _stored([-0.2, -0.2]))["learned"]  # a loss, shown, is not learning
+    assert not verdict("grpo", runs, [])["learned"]  # nothing stored: no claim
 
 
 def test_a_finished_run_with_the_same_config_is_reused(tmp_path) -> None:
