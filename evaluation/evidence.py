@@ -44,6 +44,7 @@ class EvidenceRow(BaseModel):
     task_id: str
     repeat: int = 0
     step: int | None = None  # training rows: the step whose update used this rollout (1-based)
+    extra_group: bool = False  # training rows: its group was drawn by dynamic sampling (env.extra_groups)
     reward: float  # failed rollouts count 0, as env.step returns them
     status: str = "ok"
     num_calls: int = 0
@@ -86,6 +87,7 @@ def rows_from_report(report: EvalReport, **fields: Any) -> list[EvidenceRow]:
 def rows_from_batch(batch: Any, step: int, **fields: Any) -> list[EvidenceRow]:
     """A training step's rollouts (a `trainers.rollouts.RolloutBatch`) as evidence rows of phase "train"."""
     rows = []
+    infos = batch.infos or [{}] * len(batch.forests)
     for i, forest in enumerate(batch.forests):
         reward = float(batch.rewards[i])
         ok = batch.statuses[i] == "ok" and np.isfinite(reward)
@@ -99,6 +101,7 @@ def rows_from_batch(batch: Any, step: int, **fields: Any) -> list[EvidenceRow]:
                 status=batch.statuses[i],
                 num_calls=int(forest.stats.calls),
                 generated_tokens=int(forest.stats.generated_tokens),
+                extra_group="extra_group" in infos[i],
                 **fields,
             )
         )

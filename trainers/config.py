@@ -25,6 +25,12 @@ class EnvSettings(Strict):
     ids: list[str] = Field(min_length=1)
     group_size: int = Field(default=4, ge=1)
     tasks_per_step: int = Field(default=2, ge=1)
+    extra_groups: int = Field(
+        default=0,
+        ge=0,
+        description="dynamic sampling: per step, up to this many more groups (new tasks of the "
+        "same env) drawn while a group's rewards are all equal; 0 = off",
+    )
     split: str = "train"
     eval_split: str = "test"
     level: int | None = 0

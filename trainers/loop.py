@@ -128,32 +128,61 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
 def collect(
     envs: list[Any], samplers: list[TaskSampler], tasks: list[list[Any]], policy: Any, cfg: TrainConfig
 ) -> RolloutBatch:
-    """One step's rollouts: tasks_per_step tasks per env, group_size rollouts per task, concurrently."""
+    """One step's rollouts: tasks_per_step tasks per env, group_size rollouts per task, concurrently.
+
+    Dynamic sampling (`env.extra_groups` > 0): for each group whose usable rewards are all equal (it
+    teaches GRPO nothing), a group on a newly drawn task of the same env runs, until the step's groups
+    differ or `extra_groups` more groups have run. Every group stays in the batch; `infos` marks the
+    extra ones, and the step's metrics count them (`groups_extra`, `groups_extra_useful`)."""
     from clawgym_env.vector_env import ClawGymVectorEnv
 
-    jobs, harness_of_job = [], []
     groups = len(envs) * cfg.env.tasks_per_step
     per_group = max(1, cfg.env.max_concurrency // groups)
-    for env, sampler, env_tasks in zip(envs, samplers, tasks):
-        venv = ClawGymVectorEnv(env, num_envs=cfg.env.group_size, max_concurrency=per_group)
-        for idx in sampler.draw(cfg.env.tasks_per_step):
-            jobs.append(venv.arollouts(policy, [env_tasks[idx]] * cfg.env.group_size))
-            harness_of_job.append(env.harness.name)
+    venvs = [ClawGymVectorEnv(env, num_envs=cfg.env.group_size, max_concurrency=per_group) for env in envs]
 
-    async def run_all() -> list[list[Any]]:
-        return list(await asyncio.gather(*jobs))
+    def run(which: list[int]) -> list[tuple[int, list[Any]]]:
+        """One group per env index in `which`, each on the next task its sampler draws."""
+        jobs = [venvs[i].arollouts(policy, [tasks[i][samplers[i].draw(1)[0]]] * cfg.env.group_size) for i in which]
 
-    results = envs[0].runtime.run(run_all())
+        async def run_all() -> list[list[Any]]:
+            return list(await asyncio.gather(*jobs))
+
+        return list(zip(which, envs[0].runtime.run(run_all())))
+
+    done = run([i for i in range(len(envs)) for _ in range(cfg.env.tasks_per_step)])
+    extra: list[tuple[int, list[Any]]] = []
+    budget = cfg.env.extra_groups
+    pending = [i for i, group in done if _degenerate(group)]  # envs whose group taught nothing
+    while budget > 0 and pending:
+        new = run(pending[:budget])
+        budget -= len(new)
+        extra += new
+        pending = [i for i, group in new if _degenerate(group)]
     forests, rewards, statuses, task_ids, harnesses, infos = [], [], [], [], [], []
-    for group, harness in zip(results, harness_of_job):
+    for n, (i, group) in enumerate(done + extra):
         for r in group:
             forests.append(r.forest)
             rewards.append(r.reward if r.status == "ok" else np.nan)
             statuses.append(r.status)
             task_ids.append(r.task_id)
-            harnesses.append(harness)
-            infos.append({"rollout_id": r.rollout_id, "failure": r.failure.model_dump() if r.failure else None})
+            harnesses.append(envs[i].harness.name)
+            info = {"rollout_id": r.rollout_id, "failure": r.failure.model_dump() if r.failure else None}
+            if n >= len(done):
+                info |= {"extra_group": n - len(done), "extra_group_useful": not _degenerate(group)}
+            infos.append(info)
     return RolloutBatch(forests, np.array(rewards, dtype=np.float64), statuses, task_ids, harnesses, infos)
+
+
+def dynamic_sampling_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Extra groups dynamic sampling drew this step, and how many of them had differing rewards."""
+    extra = {info["extra_group"]: info["extra_group_useful"] for info in batch.infos if "extra_group" in info}
+    return {"groups_extra": float(len(extra)), "groups_extra_useful": float(sum(extra.values()))}
+
+
+def _degenerate(group: list[Any]) -> bool:
+    """All usable rewards of a group equal (or none usable): zero advantage for every rollout."""
+    usable = {float(r.reward) for r in group if r.status == "ok" and r.reward is not None and np.isfinite(r.reward)}
+    return len(usable) <= 1
 
 
 def newest_checkpoint(ckpt_dir: Path) -> str | None:
@@ -565,6 +594,7 @@ def training_step(run: Run, on_update: Callable[[], None] | None = None) -> dict
         on_update()
     metrics = run.trainer.update(batch)
     metrics.update(tree_metrics(batch.forests))
+    metrics.update(dynamic_sampling_metrics(batch))
     metrics["rollout_s"] = rollout_s
     metrics["policy_version"] = float(run.trainer.step)
     run.logger.log(metrics, run.trainer.step)

@@ -140,6 +140,8 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
         "rollouts_failed": total("rollouts_failed"),
         "groups_degenerate": total("groups_degenerate"),
         "groups": total("groups"),
+        "groups_extra": total("groups_extra"),
+        "groups_extra_useful": total("groups_extra_useful"),
         "updates_skipped": total("update_skipped"),
         "trained_tokens": total("trained_tokens"),
         "unique_tokens": total("unique_tokens"),
@@ -183,6 +185,11 @@ def render_report(report: dict[str, Any]) -> Table:
     table.add_row(
         "GRPO groups (degenerate: all rewards equal)", f"{report['groups']:.0f} ({report['groups_degenerate']:.0f})"
     )
+    if report.get("groups_extra"):
+        table.add_row(
+            "dynamic sampling: extra groups (with differing rewards)",
+            f"{report['groups_extra']:.0f} ({report['groups_extra_useful']:.0f})",
+        )
     table.add_row("updates skipped (no signal)", f"{report['updates_skipped']:.0f}")
     table.add_row(
         "tokens trained (unique tree tokens / branch tokens)",
