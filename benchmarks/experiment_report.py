@@ -76,8 +76,9 @@ def starting_rewards_block(rows: list[EvidenceRow]) -> str:
 class Matrix:
     """The matrix's cells computed from its evidence rows."""
 
-    def __init__(self, rows: list[EvidenceRow]) -> None:
-        self.rows = [r for r in rows if r.suite == MATRIX_SUITE or r.phase == "train"]
+    def __init__(self, rows: list[EvidenceRow], suite: str = MATRIX_SUITE) -> None:
+        self.suite = suite
+        self.rows = [r for r in rows if r.suite == suite or r.phase == "train"]
         evaluated = [r for r in self.rows if r.phase != "train"]
         order = ["WhiteBox", *BLACK_BOX]
         self.harnesses = sorted({r.eval_harness for r in evaluated}, key=lambda h: order.index(h) if h in order else 9)
@@ -86,7 +87,7 @@ class Matrix:
         pairs = [(a, h) for a in self.arms for h in self.harnesses if self._has(a, h)]
         self.comparisons = len(pairs)
         for arm, h in pairs:
-            self.cells[arm, h] = gain(self.rows, arm, h, comparisons=self.comparisons, suite=MATRIX_SUITE)
+            self.cells[arm, h] = gain(self.rows, arm, h, comparisons=self.comparisons, suite=suite)
 
     def _has(self, arm: str, harness: str) -> bool:
         seeds = {r.seed for r in self.rows if r.arm == arm and r.eval_harness == harness and r.phase == "after"}
@@ -181,7 +182,7 @@ class Matrix:
             for h in parts if len(parts) > 1 else []:
                 if (arm, h) in self.cells and (h, h) in self.cells:
                     found.append(
-                        (arm, h, difference(self.rows, arm, h, h, comparisons=self.comparisons, suite=MATRIX_SUITE))
+                        (arm, h, difference(self.rows, arm, h, h, comparisons=self.comparisons, suite=self.suite))
                     )
         return found
 
@@ -190,7 +191,7 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
     command = "python -m benchmarks.transfer_matrix --publish docs/results"
     if not rows:
         empty = f"No stored run yet: `{command}`.\n"
-        return {"transfer-matrix": empty, "transfer-claims": empty, "readme-summary": empty}
+        return {"transfer-matrix": empty, "transfer-claims": empty, "transfer-unseen": empty, "readme-summary": empty}
     m = Matrix(rows)
     seeds = sorted({r.seed for r in m.rows if r.phase != "train"})
     source = (
@@ -208,7 +209,13 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
         "",
         "The whole matrix and the article's claims point by point: [docs/experiments.md](docs/experiments.md).",
     ]
+    unseen = sorted({r.suite for r in rows if r.phase != "train"} - {MATRIX_SUITE})
+    transfer = []
+    for suite in unseen:
+        t = Matrix(rows, suite)
+        transfer += [f"{suite} (level 0, never trained on; {t.comparisons} cells):", "", t.table()]
     return {
+        "transfer-unseen": "\n".join(transfer) if transfer else f"No stored run yet: `{command}`.\n",
         "transfer-matrix": m.table() + "\n" + source + "\nTraining budgets and signal per arm:\n\n" + m.budgets(),
         "transfer-claims": m.claims(),
         "readme-summary": "\n".join(summary) + "\n",

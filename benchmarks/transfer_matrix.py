@@ -10,7 +10,8 @@ batch (the article's), with pi and pi + Claude Code on request. Every arm trains
 recipe (`trainers.main_job`) from the same untrained policy, once per seed, on the same training budget: two
 GRPO groups of 8 rollouts per step (a mixed arm: one group per harness). Every trained policy and the
 untrained one are evaluated on the same held-out ClawGymBench tasks (one suite seed for all; 16 tasks x 4
-rollouts) through each evaluation harness at the recipe's sampling temperature.
+rollouts) through each evaluation harness at the recipe's sampling temperature, and on a suite no arm
+trains on (PinchBench level 0 by default, `--transfer-suites`).
 
 Evidence: every rollout, of training and of evaluation, is one `evaluation.evidence.EvidenceRow` in
 `<out>/evidence.jsonl.gz` (`--publish DIR` also writes it to DIR/transfer_matrix.jsonl.gz, where
@@ -58,6 +59,9 @@ DEFAULT_ARMS = ["WhiteBox", "OpenClaw", "ClaudeCode", "OpenClaw+ClaudeCode"]
 EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode", "Pi"]
 DEFAULT_EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode"]
 DEFAULT_SEEDS = [0, 1, 2, 3]
+TRANSFER_SUITES = ["PinchBench"]
+"""Suites no arm trains on, evaluated like the training suite (level 0, 16 tasks x 4): transfer to a new
+distribution, as the article measures it (its held-out benchmark was PinchBench)."""
 GROUPS_PER_STEP = 2
 """GRPO groups per training step in every arm (a mixed arm of two harnesses: one each): equal budgets."""
 EVAL_REPEATS = 4
@@ -70,6 +74,7 @@ class MatrixSettings(BaseModel):
     arms: list[str] = Field(default_factory=lambda: list(DEFAULT_ARMS))
     eval_harnesses: list[str] = Field(default_factory=lambda: list(DEFAULT_EVAL_HARNESSES))
     seeds: list[int] = Field(default_factory=lambda: list(DEFAULT_SEEDS))
+    transfer_suites: list[str] = Field(default_factory=lambda: list(TRANSFER_SUITES))  # never trained on
     quick: bool = False
     overrides: list[str] = Field(default_factory=list)  # extra Hydra overrides for every arm
 
@@ -256,23 +261,25 @@ def evaluate_policy(
     settings: MatrixSettings,
     cache: EvalCache,
     plan_only: bool = False,
-) -> dict[str, EvalReport | None]:
-    """One policy (untrained, or a checkpoint) on the held-out tasks through each evaluation harness, one
-    cached evaluation per harness (so cells fill independently); the model is loaded only if one is missing.
-    With `plan_only`, only read back (None where missing)."""
+) -> dict[tuple[str, str], EvalReport | None]:
+    """One policy (untrained, or a checkpoint) on the held-out tasks of the training suite and of each
+    transfer suite, through each evaluation harness: one cached evaluation per (suite, harness), so cells
+    fill independently; the model is loaded only if one is missing. With `plan_only`, only read back
+    (None where missing)."""
     from clawgym_cli.compare import build_policy
 
     common = _evaluation_arguments(cfg, checkpoint, seed)
-    reports: dict[str, EvalReport | None] = {}
+    reports: dict[tuple[str, str], EvalReport | None] = {}
     policy = LazyPolicy(lambda: build_policy(cfg.model_copy(update={"seed": seed}), checkpoint))
     try:
-        for h in settings.eval_harnesses:
-            env_ids = [f"{SUITE}-{h}"]
+        for suite, h in ((s, h) for s in [SUITE, *settings.transfer_suites] for h in settings.eval_harnesses):
+            env_ids = [f"{suite}-{h}"]
             if plan_only:
-                reports[h] = cached_evaluation(env_ids, cache=cache, **common)
+                reports[suite, h] = cached_evaluation(env_ids, cache=cache, **common)
                 continue
-            run_dir = out / "eval" / f"{_slug(label)}-seed{seed}-{_slug(h)}"
-            reports[h] = evaluate(
+            name = f"{_slug(label)}-seed{seed}-{_slug(h)}" + ("" if suite == SUITE else f"-{_slug(suite)}")
+            run_dir = out / "eval" / name
+            reports[suite, h] = evaluate(
                 policy,
                 env_ids,
                 run_dir=run_dir,
@@ -402,20 +409,23 @@ def run_matrix(
             base_cfg = base_cfg or cfg
             checkpoint = run_dir / "checkpoints" / "latest.pt"
             trained = _evaluate(cfg, checkpoint, seed, f"trained in {arm}", out, settings, cache, report, plan_only)
-            for h, result in trained.items():
+            for (suite, h), result in trained.items():
                 if result is not None:
-                    cells[arm][h].after.append(_seed_result(result, h, seed))
                     evidence += _rows(result, arm, "after", seed, checkpoint, out)
+                    if suite == SUITE:
+                        cells[arm][h].after.append(_seed_result(result, h, seed))
         if base_cfg is None:
             from trainers.main import compose
 
             base_cfg = compose(arm_overrides(settings.arms[0], seed, out / "train" / "untrained", settings))
         untrained = _evaluate(base_cfg, None, seed, UNTRAINED, out, settings, cache, report, plan_only)
-        for h, found in untrained.items():
+        for (suite, h), found in untrained.items():
             if found is not None:
+                evidence += _rows(found, UNTRAINED, "before", seed, None, out)
+                if suite != SUITE:
+                    continue
                 result = _seed_result(found, h, seed)
                 cells[UNTRAINED][h].before.append(result)
-                evidence += _rows(found, UNTRAINED, "before", seed, None, out)
                 for arm in settings.arms:
                     cells[arm][h].before.append(result)
         report.model = base_cfg.model.name
@@ -466,7 +476,7 @@ def _evaluate(
     cache: EvalCache,
     report: MatrixReport,
     plan_only: bool,
-) -> dict[str, EvalReport | None]:
+) -> dict[tuple[str, str], EvalReport | None]:
     if plan_only and checkpoint is not None and not checkpoint.is_file():
         return {}
     results = evaluate_policy(cfg, checkpoint, seed, label, out, settings, cache, plan_only)
@@ -521,13 +531,21 @@ def main(argv: list[str] | None = None) -> MatrixReport:
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     parser.add_argument("--eval-harnesses", nargs="+", default=DEFAULT_EVAL_HARNESSES, choices=EVAL_HARNESSES)
     parser.add_argument("--seeds", nargs="+", type=int, default=DEFAULT_SEEDS)
+    parser.add_argument(
+        "--transfer-suites", nargs="*", default=TRANSFER_SUITES, help="suites no arm trains on (none: give no value)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny random model, 1 step, 1 task (plumbing check)")
     parser.add_argument("--plan", action="store_true", help="run nothing: show what is done and what is left")
     parser.add_argument("--publish", type=Path, help="also write the evidence to DIR/transfer_matrix.jsonl.gz")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
     settings = MatrixSettings(
-        arms=args.arms, eval_harnesses=args.eval_harnesses, seeds=args.seeds, quick=args.quick, overrides=args.overrides
+        arms=args.arms,
+        eval_harnesses=args.eval_harnesses,
+        seeds=args.seeds,
+        transfer_suites=args.transfer_suites,
+        quick=args.quick,
+        overrides=args.overrides,
     )
     report = run_matrix(settings, args.out, plan_only=args.plan, publish=args.publish)
     print(report.text())

@@ -152,6 +152,7 @@ def evaluate(
     if temperature is not None:
         overrides["temperature"] = temperature
     runtime = Runtime(run_dir, proxy_shards=proxy_shards)
+    commit = current_commit()  # the code the rollouts ran with (the checkout may change while they run)
     start = time.perf_counter()
     try:
         jobs: list[tuple[Any, TaskSpec, int]] = []
@@ -190,7 +191,7 @@ def evaluate(
         failed_as_zero=failed_as_zero,
     )
     report = build_report(rows, config)
-    report.commit = current_commit()
+    report.commit = commit
     report.wall_s = time.perf_counter() - start
     report.run_dir = str(run_dir)
     if save:

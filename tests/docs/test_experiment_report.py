@@ -25,6 +25,10 @@ def _matrix_rows(gains: dict[str, float]) -> list[EvidenceRow]:
             for rep in range(2):
                 base = 0.5 if (seed + task + rep) % 2 else 0.0
                 common = {"experiment": "transfer_matrix", "seed": seed, "suite": "ClawGymBench", "task_id": f"t{task}"}
+                unseen = common | {"suite": "PinchBench"}  # no arm moves there
+                for arm in ("untrained", *gains):
+                    phase = "before" if arm == "untrained" else "after"
+                    rows.append(EvidenceRow(**unseen, arm=arm, phase=phase, eval_harness="WhiteBox", reward=base))
                 for h in ("WhiteBox", "OpenClaw"):
                     rows.append(EvidenceRow(**common, arm="untrained", phase="before", eval_harness=h, reward=base))
                     for arm, g in gains.items():
@@ -47,6 +51,10 @@ def test_a_number_that_differs_from_the_files_fails_the_check(tmp_path: Path) ->
     assert "| untrained | 0.250 (4 seeds) | 0.250 (4 seeds) |" in table
     # budgets: training rollouts per seed, degenerate groups (a group: seed, step, harness, task)
     assert "| OpenClaw | 8 | 16/16 (100%) | 0.000 |" in table and "| WhiteBox | 8 | 0/16 (0%) | 0.250 |" in table
+    assert "ClawGymBench" not in generated["transfer-unseen"]
+    unseen = generated["transfer-unseen"]
+    assert unseen.startswith("PinchBench (level 0, never trained on; 2 cells):")
+    assert "| WhiteBox | 0.250: +0.000 [" in unseen and "**shown**" not in unseen
     claims = generated["transfer-claims"]
     assert claims.startswith("Read off one table of 4 cells") and "the largest gain in the white-box column" in claims
     doc = "intro\n<!-- generated: transfer-matrix -->\nstale 0.999\n<!-- end generated: transfer-matrix -->\nend\n"

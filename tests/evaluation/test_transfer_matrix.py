@@ -92,6 +92,10 @@ def test_mixed_against_single_is_a_paired_difference() -> None:
 
 
 def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path) -> None:
+    defaults = MatrixSettings()  # the article's arms and harnesses, 4 seeds, PinchBench as the unseen suite
+    assert defaults.arms == ["WhiteBox", "OpenClaw", "ClaudeCode", "OpenClaw+ClaudeCode"]
+    assert defaults.eval_harnesses == DEFAULT_EVAL_HARNESSES == ["WhiteBox", "OpenClaw", "ClaudeCode"]
+    assert defaults.seeds == [0, 1, 2, 3] and defaults.transfer_suites == ["PinchBench"]
     for arm, harnesses in ARMS.items():
         cfg = compose(arm_overrides(arm, 3, tmp_path / arm, MatrixSettings()))
         assert cfg.env.ids == [f"ClawGymBench-{h}" for h in harnesses], arm
@@ -100,6 +104,10 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         assert cfg.env.eval_tasks * cfg.eval.repeats == 64  # held-out rollouts per evaluation
         assert "qwen2.5-coder-0.5b" in cfg.model.name and cfg.model.lora.enabled  # the learning test's recipe
         assert cfg.checkpoint.resume == "auto" and not cfg.eval.at_start
+
+
+def trained_rows(rows: list[EvidenceRow]) -> list[EvidenceRow]:
+    return [r for r in rows if r.phase == "train"]
 
 
 def means(report: MatrixReport) -> dict[str, dict[str, tuple]]:
@@ -111,24 +119,36 @@ def means(report: MatrixReport) -> dict[str, dict[str, tuple]]:
 
 @pytest.mark.harness
 def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished_cells(tmp_path: Path) -> None:
-    arms = ["WhiteBox", "OpenClaw+ClaudeCode"]
-    argv = ["--quick", "--out", str(tmp_path / "m"), "--arms", *arms, "--seeds", "0", "1"]
+    arms, harnesses = ["WhiteBox", "OpenClaw+ClaudeCode"], ["WhiteBox", "OpenClaw"]
+    argv = [
+        "--quick",
+        "--out",
+        str(tmp_path / "m"),
+        "--arms",
+        *arms,
+        "--seeds",
+        "0",
+        "1",
+        "--eval-harnesses",
+        *harnesses,
+    ]
     first = main([*argv, "--publish", str(tmp_path / "published")])
     out = tmp_path / "m"
     assert list(first.cells) == [UNTRAINED, *arms]
     for row in first.cells.values():
-        assert list(row) == DEFAULT_EVAL_HARNESSES
+        assert list(row) == harnesses
         for cell in row.values():
             assert cell.seeds == 2 and cell.before_mean is not None
             assert all(r.rollouts == 1 for r in cell.before + cell.after)
     for arm in arms:
         assert all(cell.gain is not None and cell.gain.seeds == 2 for cell in first.cells[arm].values())
-    assert first.comparisons == len(arms) * len(DEFAULT_EVAL_HARNESSES)
+    assert first.comparisons == len(arms) * len(harnesses)
     assert sorted((r.arm, r.seed, r.trained_now) for r in first.training) == sorted(
         (a, s, True) for a in arms for s in (0, 1)
     )
-    # the untrained policy is measured once per seed and harness, then reused by every arm's "before"
-    n_evals = 2 * len(DEFAULT_EVAL_HARNESSES) * (1 + len(arms))
+    # the untrained policy is measured once per seed, suite and harness, then reused by every arm's "before";
+    # every policy is evaluated on the training suite and on PinchBench, which no arm trains on
+    n_evals = 2 * len(harnesses) * (1 + len(arms)) * 2
     assert first.evaluations_measured == n_evals and first.evaluations_reused == 0
 
     # every rollout is a row: one per evaluation (quick: 1 task x 1 repeat) and each training rollout
@@ -137,25 +157,29 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     evaluated = [r for r in rows if r.phase != "train"]
     assert len(evaluated) == n_evals
     assert {(r.arm, r.phase) for r in evaluated} == {(UNTRAINED, "before"), *((a, "after") for a in arms)}
+    assert {r.suite for r in evaluated} == {"ClawGymBench", "PinchBench"}
+    assert {r.suite for r in trained_rows(rows)} == {"ClawGymBench"}
     assert all(
         r.checkpoint == f"train/{r.arm.lower().replace('+', '-')}-seed{r.seed}/checkpoints/latest.pt"
         for r in evaluated
         if r.phase == "after"
     )
-    trained = [r for r in rows if r.phase == "train"]
+    trained = trained_rows(rows)
     mixed = [r for r in trained if r.arm == "OpenClaw+ClaudeCode"]
     white = [r for r in trained if r.arm == "WhiteBox"]
     assert {r.eval_harness for r in mixed} == {"OpenClaw", "ClaudeCode"} and {r.step for r in trained} == {1}
     assert len(mixed) == len(white) > 0  # equal training budgets
     assert all(r.commit != "unknown" for r in rows)
     cell = first.cells["WhiteBox"]["WhiteBox"]
-    recomputed = np.mean([r.reward for r in evaluated if r.arm == "WhiteBox" and r.eval_harness == "WhiteBox"])
+    recomputed = np.mean(
+        [r.reward for r in evaluated if (r.arm, r.eval_harness, r.suite) == ("WhiteBox", "WhiteBox", "ClawGymBench")]
+    )
     assert cell.after_mean == pytest.approx(recomputed)  # the table is what the rows say
 
     saved = MatrixReport.model_validate_json((out / "matrix.json").read_text())
     assert saved.cells == first.cells
     text = (out / "matrix.txt").read_text()
-    assert all(f"evaluated in {h}" in text for h in DEFAULT_EVAL_HARNESSES) and "→" in text and "n=2" in text
+    assert all(f"evaluated in {h}" in text for h in harnesses) and "→" in text and "n=2" in text
     assert "vs" not in text.split("comparisons)")[-1]  # no single-harness OpenClaw or Claude Code arm here
     assert (out / "matrix.png").stat().st_size > 5000
     config = json.loads((out / "train" / "openclaw-claudecode-seed0" / "config.json").read_text())
@@ -168,7 +192,9 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert read_rows(out / "evidence.jsonl.gz") == rows
     assert time.perf_counter() - start < 60  # nothing trained or rolled out (training alone took minutes)
 
-    plan = main(["--quick", "--out", str(out), "--plan", "--seeds", "0", "1", "--arms", *ARMS])
+    plan = main(
+        ["--quick", "--out", str(out), "--plan", "--seeds", "0", "1", "--arms", *ARMS, "--eval-harnesses", *harnesses]
+    )
     assert list(plan.cells) == [UNTRAINED, *ARMS]
     assert {a: row for a, row in means(plan).items() if a in first.cells} == means(first)
     assert plan.cells["Pi"]["WhiteBox"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
