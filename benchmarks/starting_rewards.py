@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation import evaluate, make_eval_policy
-from evaluation.evidence import UNTRAINED, EvidenceRow, read_rows, rows_from_report, write_rows
+from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, rows_from_report, write_rows
 
 # The learning recipe's limits (trainers/main_job.py, MAIN_OVERRIDES), as env options.
 RECIPE_LIMITS = {"max_new_tokens": 96, "max_calls": 2, "score_capped": True}
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     )
     write_rows(args.out / "evidence.jsonl.gz", evidence)
     if args.publish is not None:
-        publish(evidence, args.publish / f"{EXPERIMENT}.jsonl.gz")
+        publish_rows(args.publish / f"{EXPERIMENT}.jsonl.gz", evidence)
     table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, greedy, 1 rollout/task")
     for column in ("harness", "mean reward", "successes", "failed", "wall s", "failure reasons"):
         table.add_column(column)
@@ -120,13 +120,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "starting_rewards.json").write_text(json.dumps(rows, indent=2, default=str))
     return rows
-
-
-def publish(rows: list[EvidenceRow], path: Path) -> Path:
-    """Merge into a published file: the harnesses measured now replace their earlier rows."""
-    measured = {r.eval_harness for r in rows}
-    kept = [r for r in read_rows(path) if r.eval_harness not in measured] if path.is_file() else []
-    return write_rows(path, kept + rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ rollouts) through each evaluation harness at the recipe's sampling temperature, 
 trains on (PinchBench level 0 by default, `--transfer-suites`).
 
 Evidence: every rollout, of training and of evaluation, is one `evaluation.evidence.EvidenceRow` in
-`<out>/evidence.jsonl.gz` (`--publish DIR` also writes it to DIR/transfer_matrix.jsonl.gz, where
+`<out>/evidence.jsonl.gz` (`--publish DIR` merges it into DIR/transfer_matrix.jsonl.gz, where
 `benchmarks.experiment_report` reads it for the docs). A cell (arm x evaluation harness) is the gain from
 the untrained policy to the trained one, paired by seed and task, with a 95 % interval from
 `evaluation.gains` (a bootstrap over seeds, tasks and rollouts) and its Bonferroni interval for the number
@@ -41,7 +41,7 @@ from rich.table import Table
 
 from benchmarks.learning_curve import finished_summary
 from evaluation import EvalCache, EvalReport, cached_evaluation, evaluate
-from evaluation.evidence import UNTRAINED, EvidenceRow, read_rows, rows_from_report, write_rows
+from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, read_rows, rows_from_report, write_rows
 from evaluation.gains import Estimate, difference, gain
 
 SUITE = "ClawGymBench"
@@ -439,7 +439,7 @@ def run_matrix(
     report.mixed_vs_single = mixed_vs_single(cells, evidence, max(1, report.comparisons))
     report.evidence = str(write_rows(out / "evidence.jsonl.gz", evidence))
     if publish is not None:
-        write_rows(publish / f"{EXPERIMENT}.jsonl.gz", evidence)
+        publish_rows(publish / f"{EXPERIMENT}.jsonl.gz", evidence)  # merged: earlier sessions' rows stay
     report.wall_s = time.perf_counter() - start
     save(report, out)
     return report

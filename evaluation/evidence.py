@@ -145,6 +145,20 @@ def write_rows(path: str | Path, rows: Iterable[EvidenceRow]) -> Path:
     return path
 
 
+def publish_rows(path: str | Path, rows: Sequence[EvidenceRow]) -> Path:
+    """Merge `rows` into a published file: a (phase, arm, seed, harness, suite) measured now replaces its
+    earlier rows, the rest stay. So an experiment filled over sessions (a fresh output folder each time)
+    never drops what was published before."""
+
+    def key(r: EvidenceRow) -> tuple[str, str, int, str, str]:
+        return (r.phase, r.arm, r.seed, r.eval_harness, r.suite)
+
+    path = Path(path)
+    measured = {key(r) for r in rows}
+    kept = [r for r in read_rows(path) if key(r) not in measured] if path.is_file() else []
+    return write_rows(path, kept + list(rows))
+
+
 def read_rows(path: str | Path) -> list[EvidenceRow]:
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open

@@ -2,8 +2,8 @@
 
 import json
 
-from benchmarks.starting_rewards import RECIPE_LIMITS, main, publish
-from evaluation.evidence import read_rows
+from benchmarks.starting_rewards import RECIPE_LIMITS, main
+from evaluation.evidence import publish_rows, read_rows
 
 
 def test_one_row_per_harness_with_the_recipe_limits(tmp_path) -> None:
@@ -31,6 +31,6 @@ def test_published_rows_replace_only_the_harnesses_measured_again(tmp_path) -> N
         return [EvidenceRow(**fields, eval_harness=harness, task_id="t", reward=reward)]
 
     path = tmp_path / "starting_rewards.jsonl.gz"
-    publish(rows("Pi", 0.5) + rows("OpenClaw", 0.0), path)
-    publish(rows("OpenClaw", 1.0), path)
+    publish_rows(path, rows("Pi", 0.5) + rows("OpenClaw", 0.0))
+    publish_rows(path, rows("OpenClaw", 1.0))
     assert {(r.eval_harness, r.reward) for r in read_rows(path)} == {("Pi", 0.5), ("OpenClaw", 1.0)}
