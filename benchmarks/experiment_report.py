@@ -41,10 +41,13 @@ def _fmt(e: Estimate) -> str:
 
 
 def _verdict(e: Estimate) -> str:
+    one_seed = "; one seed: tasks and rollouts only, not training seeds" if e.seeds == 1 else ""
     if not e.shown:
-        return "no change detectable"
-    return ("**shown**" if e.value > 0 else "**a loss, shown**") + (
-        f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons"
+        return "no change detectable" + one_seed
+    return (
+        ("**shown**" if e.value > 0 else "**a loss, shown**")
+        + (f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons")
+        + one_seed
     )
 
 
@@ -142,7 +145,13 @@ class Matrix:
             largest = wb.value >= max(own)
             out.append(
                 f"1. *White-box training gains most in its own loop*: {_fmt(wb)}, {_verdict(wb)}; "
-                + ("the largest gain in the white-box column." if largest else "not the largest gain in its column.")
+                + (
+                    "the only arm measured there."
+                    if len(own) == 1
+                    else "the largest gain in the white-box column."
+                    if largest
+                    else "not the largest gain in its column."
+                )
             )
         transfer = [
             (h, self.cells[("WhiteBox", h)])

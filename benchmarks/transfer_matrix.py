@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> MatrixReport:
     )
     parser.add_argument("--quick", action="store_true", help="tiny random model, 1 step, 1 task (plumbing check)")
     parser.add_argument("--plan", action="store_true", help="run nothing: show what is done and what is left")
-    parser.add_argument("--publish", type=Path, help="also write the evidence to DIR/transfer_matrix.jsonl.gz")
+    parser.add_argument("--publish", type=Path, help="merge the evidence into DIR/transfer_matrix.jsonl.gz")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
     settings = MatrixSettings(
