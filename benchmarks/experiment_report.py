@@ -36,6 +36,12 @@ def _load(name: str, results: Path) -> list[EvidenceRow]:
     return read_rows(path) if path.is_file() else []
 
 
+def _harness_order(harness: str) -> int:
+    """Tables list the white-box loop first, then the black-box harnesses, then any other."""
+    order = ["WhiteBox", *BLACK_BOX]
+    return order.index(harness) if harness in order else len(order)
+
+
 def _fmt(e: Estimate) -> str:
     return f"{e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
 
@@ -62,9 +68,7 @@ def starting_rewards_block(rows: list[EvidenceRow]) -> str:
         "| harness | tasks | mean reward | full successes | failed | mean calls | commit |",
         "|---|---|---|---|---|---|---|",
     ]
-    for harness in sorted(
-        by_harness, key=lambda h: ["WhiteBox", *BLACK_BOX].index(h) if h in BLACK_BOX + ["WhiteBox"] else 9
-    ):
+    for harness in sorted(by_harness, key=_harness_order):
         rs = by_harness[harness]
         commits = sorted({r.commit[:10] for r in rs})
         lines.append(
@@ -83,8 +87,7 @@ class Matrix:
         self.suite = suite
         self.rows = [r for r in rows if r.suite == suite or r.phase == "train"]
         evaluated = [r for r in self.rows if r.phase != "train"]
-        order = ["WhiteBox", *BLACK_BOX]
-        self.harnesses = sorted({r.eval_harness for r in evaluated}, key=lambda h: order.index(h) if h in order else 9)
+        self.harnesses = sorted({r.eval_harness for r in evaluated}, key=_harness_order)
         self.arms = sorted({r.arm for r in evaluated if r.arm != UNTRAINED}, key=lambda a: (len(a.split("+")), a))
         self.cells: dict[tuple[str, str], Estimate] = {}
         pairs = [(a, h) for a in self.arms for h in self.harnesses if self._has(a, h)]
