@@ -45,10 +45,12 @@ class EvidenceRow(BaseModel):
     repeat: int = 0
     step: int | None = None  # training rows: the step whose update used this rollout (1-based)
     extra_group: bool = False  # training rows: its group was drawn by dynamic sampling (env.extra_groups)
+    stale_dropped: bool = False  # training rows: its group was past trainer.max_staleness and not trained on
     reward: float  # failed rollouts count 0, as env.step returns them
     status: str = "ok"
     num_calls: int = 0
     generated_tokens: int = 0
+    wall_s: float | None = None  # the rollout's wall time (sandbox, harness, calls, verifier)
     checkpoint: str | None = None  # the policy's checkpoint, relative to the experiment's folder
     commit: str = "unknown"
 
@@ -102,6 +104,8 @@ def rows_from_batch(batch: Any, step: int, **fields: Any) -> list[EvidenceRow]:
                 num_calls=int(forest.stats.calls),
                 generated_tokens=int(forest.stats.generated_tokens),
                 extra_group="extra_group" in infos[i],
+                stale_dropped=bool(infos[i].get("stale_dropped", False)),
+                wall_s=infos[i].get("wall_s"),
                 **fields,
             )
         )

@@ -95,6 +95,22 @@ class CheckpointSettings(Strict):
     resume: str | None = None  # a .pt path, or "auto" (the run_dir's latest)
 
 
+class TrainerSettings(Strict):
+    """How rollouts and updates overlap (trainers.rollout_producer, trainers.staleness)."""
+
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="0 = synchronous (each step's rollouts start after the previous update); k > 0 = rollouts "
+        "run up to k policy versions ahead of the trainer while it updates",
+    )
+    stale_groups: Literal["drop", "keep"] = Field(
+        default="drop",
+        description="a group whose oldest call is more than max_staleness versions behind: drop it (counted), "
+        "or keep it and let the rollout correction weigh its tokens",
+    )
+
+
 class WarmStartSettings(Strict):
     enabled: bool = False
     demos_per_task: int = Field(default=1, ge=1)
@@ -122,6 +138,7 @@ class TrainConfig(Strict):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)

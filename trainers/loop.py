@@ -44,7 +44,9 @@ from trainers.metrics_log import MetricsLogger, console
 from trainers.model import apply_lora, enable_gradient_checkpointing, frozen_copy, load_model, plain_copy
 from trainers.plots import plot_metrics
 from trainers.ppo import PPO, PPOConfig
+from trainers.rollout_producer import RolloutProducer
 from trainers.rollouts import RolloutBatch
+from trainers.staleness import apply_staleness
 from trainers.tree_forward import Critic, unwrap
 
 
@@ -166,7 +168,11 @@ def collect(
             statuses.append(r.status)
             task_ids.append(r.task_id)
             harnesses.append(envs[i].harness.name)
-            info = {"rollout_id": r.rollout_id, "failure": r.failure.model_dump() if r.failure else None}
+            info = {
+                "rollout_id": r.rollout_id,
+                "failure": r.failure.model_dump() if r.failure else None,
+                "wall_s": r.timings.get("total_s"),
+            }
             if n >= len(done):
                 info |= {"extra_group": n - len(done), "extra_group_useful": not _degenerate(group)}
             infos.append(info)
@@ -272,6 +278,7 @@ def held_out_reward(
                         "status": r.status,
                         "num_calls": int(r.forest.stats.calls),
                         "generated_tokens": int(r.forest.stats.generated_tokens),
+                        "wall_s": r.timings.get("total_s"),
                     }
                 )
     out = {f"eval_reward/{h}": float(np.mean(v)) for h, v in by_harness.items()}
@@ -344,6 +351,7 @@ class Run:
     eval_tasks: list[list[Any]] = field(default_factory=list)
     samplers: list[TaskSampler] = field(default_factory=list)
     row_fields: dict[str, Any] = field(default_factory=dict)  # experiment, arm, seed, suite, commit of its rows
+    position: Any = None  # the task samplers' state after the last trained batch (rollouts run ahead of it)
 
     @property
     def ckpt_dir(self) -> Path:
@@ -443,7 +451,13 @@ def start_run(cfg: TrainConfig) -> Run:
     )
     samplers = [TaskSampler(len(ts), cfg.seed + i) for i, ts in enumerate(rollout_side.get("train_tasks", []))]
     logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main_rank)
-    summary = {"run_dir": str(run_dir), "algorithm": algorithm.name, "env_ids": cfg.env.ids, "stages": {}}
+    summary = {
+        "run_dir": str(run_dir),
+        "algorithm": algorithm.name,
+        "env_ids": cfg.env.ids,
+        "max_staleness": cfg.trainer.max_staleness,
+        "stages": {},
+    }
     return Run(cfg, run_dir, main_rank, trainer, tokenizer, logger, summary, samplers=samplers, **rollout_side)
 
 
@@ -547,7 +561,10 @@ def warm_start(run: Run) -> None:
 
 
 def training_steps(run: Run) -> dict[str, float] | None:
-    """Steps until cfg.steps, with progress, periodic evaluation, checkpoints and plots; the last periodic eval."""
+    """Steps until cfg.steps, with progress, periodic evaluation, checkpoints and plots; the last periodic eval.
+
+    Rank 0's rollouts come from a RolloutProducer thread, up to `trainer.max_staleness` versions ahead (0:
+    each step's rollouts start once the previous step's update, evaluation and checkpoint are done)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     cfg, trainer = run.cfg, run.trainer
@@ -560,46 +577,84 @@ def training_steps(run: Run) -> dict[str, float] | None:
         console=console,
         disable=not (run.main_rank and cfg.logging.progress),
     )
+    producer = start_producer(run) if run.main_rank and trainer.step < cfg.steps else None
     last_eval = None
-    with progress:
-        bar = progress.add_task(f"{trainer.algorithm.name} training", total=cfg.steps, completed=trainer.step, info="")
-        while trainer.step < cfg.steps:
-            progress.update(bar, info="rollouts ...")
-            metrics = training_step(run, lambda: progress.update(bar, info="update ..."))
-            progress.update(
-                bar,
-                completed=trainer.step,
-                info=(
-                    f"reward {metrics.get('reward_mean', 0):.3f}  loss {metrics.get('loss', 0):.4f}  "
-                    f"degenerate {int(metrics.get('groups_degenerate', 0))}/{int(metrics.get('groups', 0))}  "
-                    f"failed {int(metrics.get('rollouts_failed', 0))}"
-                ),
+    try:
+        with progress:
+            bar = progress.add_task(
+                f"{trainer.algorithm.name} training", total=cfg.steps, completed=trainer.step, info=""
             )
-            if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.steps:
-                last_eval = run.evaluate("periodic")
-            if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0:
-                save_checkpoint(run)
-            if run.main_rank and cfg.logging.plot_every and trainer.step % cfg.logging.plot_every == 0:
-                plot_metrics(run.logger.path, run.run_dir / "metrics.png")
+            while trainer.step < cfg.steps:
+                progress.update(bar, info="rollouts ...")
+                metrics = training_step(run, producer, lambda: progress.update(bar, info="update ..."))
+                progress.update(
+                    bar,
+                    completed=trainer.step,
+                    info=(
+                        f"reward {metrics.get('reward_mean', 0):.3f}  loss {metrics.get('loss', 0):.4f}  "
+                        f"degenerate {int(metrics.get('groups_degenerate', 0))}/{int(metrics.get('groups', 0))}  "
+                        f"failed {int(metrics.get('rollouts_failed', 0))}"
+                    ),
+                )
+                if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.steps:
+                    last_eval = run.evaluate("periodic")
+                if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0:
+                    save_checkpoint(run)
+                if run.main_rank and cfg.logging.plot_every and trainer.step % cfg.logging.plot_every == 0:
+                    plot_metrics(run.logger.path, run.run_dir / "metrics.png")
+                if producer is not None:
+                    producer.release(trainer.step)
+    finally:
+        if producer is not None:
+            producer.stop()
     return last_eval
 
 
-def training_step(run: Run, on_update: Callable[[], None] | None = None) -> dict[str, float]:
-    """One step: rank 0 collects the rollouts and broadcasts them, every rank trains on them; logged."""
+def start_producer(run: Run) -> RolloutProducer:
+    """The rollout side of the remaining steps on its own thread (trainers.rollout_producer)."""
+
+    def collect_batch() -> tuple[RolloutBatch, Any]:
+        batch = collect(run.envs, run.samplers, run.train_tasks, run.policy, run.cfg)
+        return batch, [s.state() for s in run.samplers]
+
+    return RolloutProducer(
+        collect_batch,
+        start_version=run.trainer.step,
+        batches=run.cfg.steps - run.trainer.step,
+        max_staleness=run.cfg.trainer.max_staleness,
+    )
+
+
+def training_step(
+    run: Run, producer: RolloutProducer | None, on_update: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """One step: rank 0 takes the next batch from the producer, leaves out groups past the staleness bound
+    and broadcasts the rest; every rank trains on it; logged.
+
+    Time per step: `rollout_s` (the batch's collection), `wait_s` (the trainer waiting for it: all of the
+    collection when synchronous), `producer_wait_s` (the rollout side waiting for the staleness bound),
+    `update_s` (the update, weight push included) and `step_s` (the trainer's wall time for the step)."""
     t0 = time.perf_counter()
-    batch = collect(run.envs, run.samplers, run.train_tasks, run.policy, run.cfg) if run.main_rank else None
-    batch = D.broadcast_object(batch)
-    rollout_s = time.perf_counter() - t0
+    item = None
+    if run.main_rank and producer is not None:
+        produced, wait_s = producer.next()
+        batch, stale = apply_staleness(
+            produced.batch, run.trainer.step, run.cfg.trainer.max_staleness, run.cfg.trainer.stale_groups
+        )
+        timing = {"rollout_s": produced.collect_s, "wait_s": wait_s, "producer_wait_s": produced.bound_wait_s}
+        item = (batch, stale, timing, produced.position)
+        run.rollout_log.append(rows_from_batch(produced.batch, run.trainer.step + 1, **training_row_fields(run)))
+    batch, stale, timing, run.position = D.broadcast_object(item)
     if on_update is not None:
         on_update()
     metrics = run.trainer.update(batch)
     metrics.update(tree_metrics(batch.forests))
     metrics.update(dynamic_sampling_metrics(batch))
-    metrics["rollout_s"] = rollout_s
+    metrics.update(stale)
+    metrics.update(timing)
     metrics["policy_version"] = float(run.trainer.step)
+    metrics["step_s"] = time.perf_counter() - t0
     run.logger.log(metrics, run.trainer.step)
-    if run.main_rank:
-        run.rollout_log.append(rows_from_batch(batch, run.trainer.step, **training_row_fields(run)))
     return metrics
 
 
@@ -618,7 +673,7 @@ def training_row_fields(run: Run) -> dict[str, Any]:
 
 def save_checkpoint(run: Run) -> None:
     """step_N.pt with the task samplers' positions; latest.pt linked to it; older ones pruned."""
-    extra = {"samplers": [s.state() for s in run.samplers]}
+    extra = {"samplers": run.position if run.position is not None else [s.state() for s in run.samplers]}
     saved = run.trainer.save_checkpoint(run.ckpt_dir / f"step_{run.trainer.step:06d}.pt", extra)
     if run.main_rank:
         link_latest(saved)

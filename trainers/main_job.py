@@ -150,7 +150,11 @@ def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[
         "is_kl_k3": mean("is_kl_k3"),
         "is_clipped_frac": mean("is_clipped_frac"),
         "tree": {k.split("/", 1)[1]: total(k) for k in (train_rows[-1] if train_rows else {}) if k.startswith("tree/")},
-        "time_s": {"rollouts": total("rollout_s"), "updates": total("update_s"), "total": wall_s},
+        # waited for rollouts: all of their time when synchronous, what the update did not hide when asynchronous
+        "time_s": {"rollouts": total("wait_s"), "updates": total("update_s"), "total": wall_s},
+        "max_staleness": summary.get("max_staleness", 0),
+        "staleness_max": max((r.get("staleness_max", 0.0) for r in train_rows), default=0.0),
+        "rollouts_stale_dropped": total("rollouts_stale_dropped"),
         "plot": str(run_dir / "metrics.png"),
         "failures": summary.get("failures") or {},
     }
@@ -191,6 +195,11 @@ def render_report(report: dict[str, Any]) -> Table:
             f"{report['groups_extra']:.0f} ({report['groups_extra_useful']:.0f})",
         )
     table.add_row("updates skipped (no signal)", f"{report['updates_skipped']:.0f}")
+    if report.get("max_staleness"):
+        table.add_row(
+            f"asynchronous (max_staleness {report['max_staleness']}): most versions behind / rollouts dropped",
+            f"{report['staleness_max']:.0f} / {report['rollouts_stale_dropped']:.0f}",
+        )
     table.add_row(
         "tokens trained (unique tree tokens / branch tokens)",
         f"{report['trained_tokens']:.0f} ({report['unique_tokens']:.0f} / {report['branch_tokens']:.0f})",

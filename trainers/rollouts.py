@@ -64,6 +64,18 @@ class RolloutBatch:
             infos=(self.infos or [{}] * len(self)) + (other.infos or [{}] * len(other)),
         )
 
+    def select(self, indices: Sequence[int]) -> RolloutBatch:
+        """The rollouts at `indices`, in that order (infos included)."""
+        idx = list(indices)
+        return RolloutBatch(
+            forests=[self.forests[i] for i in idx],
+            rewards=self.rewards[idx] if idx else np.zeros(0),
+            statuses=[self.statuses[i] for i in idx],
+            task_ids=[self.task_ids[i] for i in idx],
+            harnesses=[self.harnesses[i] for i in idx],
+            infos=[self.infos[i] for i in idx] if self.infos else [],
+        )
+
     def reward_by_harness(self) -> dict[str, float]:
         """Mean reward of the successful rollouts of each harness (failed ones count as 0 elsewhere)."""
         out: dict[str, list[float]] = {}

@@ -34,7 +34,7 @@ class ScriptedRewardEnv:
         reward = self.rewards[task.id][k % len(self.rewards[task.id])]
         forest = SimpleNamespace(stats=SimpleNamespace(calls=1, generated_tokens=3))
         return SimpleNamespace(
-            reward=reward, status="ok", task_id=task.id, rollout_id=rollout_id, failure=None, forest=forest
+            reward=reward, status="ok", task_id=task.id, rollout_id=rollout_id, failure=None, forest=forest, timings={}
         )
 
 
