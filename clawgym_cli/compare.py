@@ -216,15 +216,17 @@ def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
 
     Served by the engine the config names (`cfg.engine`: transformers, vllm, vllm_server, remote), built as the
     trainer builds its rollout engine, so a policy is evaluated where it was trained and a vLLM run's held-out
-    rollouts go as fast as its training rollouts. The trained weights go in through `engine.update_weights`, as
-    during training (a LoRA policy sends its adapted layers, merged).
+    rollouts go as fast as its training rollouts. The trained weights go in as during training: through
+    `engine.update_weights` (a LoRA policy's adapted layers, merged) or, with `model.lora.sync=adapter`,
+    `engine.update_adapter`. A LoRA checkpoint holds the adapter alone; the base weights are loaded here.
     """
     import torch
 
     from clawgym_env.interfaces import Policy
     from clawgym_env.proxy import ChatMLRenderer
+    from trainers.core import check_base_model
     from trainers.loop import build_engine
-    from trainers.model import apply_lora, export_weights, load_model
+    from trainers.model import apply_lora, export_adapter, export_weights, load_model, load_trainable_state
 
     dtype = getattr(torch, cfg.model.dtype)
     model, tokenizer = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)
@@ -243,8 +245,17 @@ def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
         if base is None:
             base = load_model(cfg.model.name, dtype=dtype, seed=cfg.model.seed)[0]
         trained = apply_lora(base, cfg.model.lora)
-        trained.load_state_dict(state["model"])
-        engine.update_weights(export_weights(trained), version=int(state["step"]))
+        if state.get("model_format") == "adapter":  # a LoRA checkpoint: the adapter on the base just loaded
+            check_base_model(
+                state, {"name": cfg.model.name, "dtype": cfg.model.dtype, "seed": cfg.model.seed}, checkpoint
+            )
+            load_trainable_state(trained, state["model"])
+        else:
+            trained.load_state_dict(state["model"])
+        if cfg.model.lora.enabled and cfg.model.lora.sync == "adapter":
+            engine.update_adapter(export_adapter(trained), version=int(state["step"]))
+        else:
+            engine.update_weights(export_weights(trained), version=int(state["step"]))
     return Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name)
 
 

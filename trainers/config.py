@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainers.core import OptimConfig
 from trainers.grpo import GRPOConfig
@@ -143,3 +143,12 @@ class TrainConfig(Strict):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @model_validator(mode="after")
+    def _adapter_sync_needs_vllm(self) -> TrainConfig:
+        if self.model.lora.enabled and self.model.lora.sync == "adapter" and self.engine.kind != "vllm":
+            raise ValueError(
+                f"model.lora.sync=adapter needs an engine that loads LoRA adapters (engine=vllm), not "
+                f"engine={self.engine.kind}; use model.lora.sync=merged there"
+            )
+        return self

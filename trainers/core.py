@@ -31,7 +31,7 @@ from torch import nn
 from clawgym_env.trajectory.packing import tree_logprobs
 from trainers import distributed as D
 from trainers.losses import LossParts, MetricSums, PolicyLossConfig
-from trainers.model import export_weights
+from trainers.model import export_adapter, export_weights, load_trainable_state
 from trainers.rollouts import RolloutBatch
 from trainers.tree_batch import TreeBatch
 from trainers.tree_forward import Critic
@@ -95,8 +95,14 @@ class Trainer:
         critic: Critic | None = None,
         ref_model: nn.Module | None = None,
         device: torch.device | str = "cpu",
+        base_model: dict[str, Any] | None = None,
+        adapter_sync: bool = False,
     ) -> None:
         self.model = model
+        self.base_model = base_model  # the base weights' identity (name, dtype, seed): an adapter checkpoint needs it
+        if adapter_sync and (not hasattr(model, "peft_config") or D.is_distributed()):
+            raise ValueError("adapter sync needs a LoRA policy (model.lora.enabled=true) in a single process")
+        self.adapter_sync = adapter_sync
         self.algorithm = algorithm
         self.optim_config = optim or OptimConfig()
         self.engine = engine
@@ -160,7 +166,7 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         synced = time.perf_counter()
-        self.sync_weights()
+        metrics["weight_sync_bytes"] = float(self.sync_weights())
         metrics["weight_sync_s"] = time.perf_counter() - synced  # part of update_s
         metrics.update(self._reduce(sums, loss_total))
         metrics.update(
@@ -216,21 +222,37 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ weight sync
-    def sync_weights(self) -> None:
-        """Push the new weights into the inference engine, tagged with the new policy version (= step)."""
+    def sync_weights(self) -> int:
+        """Push the new weights into the inference engine, tagged with the new policy version (= step); returns
+        the bytes sent (the trainer's tensors, before any cast to the engine's dtype).
+
+        With `adapter_sync` (a LoRA policy, an engine that loads adapters) only the adapter goes; otherwise
+        the weights training can change (a LoRA policy's adapted layers merged, trainers.model.export_weights)."""
         # under torchrun only rank 0 holds the engine, but gathering the weights is collective: every rank
         # joins when rank 0 has an engine (a rank skipping it would leave rank 0 waiting in the gather)
         if not D.broadcast_object(self.engine is not None):
-            return
+            return 0
+        if self.adapter_sync:
+            adapter = export_adapter(self.model)
+            self.engine.update_adapter(adapter, version=self.step)
+            return adapter.num_bytes
         weights = export_weights(self.model)  # collective under FSDP (the full tensors land on rank 0)
         if D.rank() == 0:
             self.engine.update_weights(weights, version=self.step)
+        return sum(t.numel() * t.element_size() for t in weights.values())
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        model_state = _module_state(self.model)
+        adapter_only = hasattr(self.model, "peft_config")
+        if adapter_only:  # a LoRA policy: its adapters are all that training changed (~1 % of the bytes)
+            trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            model_state = {k: v for k, v in model_state.items() if k in trainable}
         state: dict[str, Any] = {
             "step": self.step,
-            "model": _module_state(self.model),
+            "model": model_state,
+            "model_format": "adapter" if adapter_only else "full",
+            "base_model": self.base_model,
             "optimizer": _optimizer_state(self.model, self.optimizer, self.critic),
             "scheduler": self.scheduler.state_dict(),
             "rng": {
@@ -262,7 +284,8 @@ class Trainer:
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}; pass the .pt file that save_checkpoint wrote")
         state = torch.load(path, map_location="cpu", weights_only=False)
-        _load_module_state(self.model, state["model"])
+        check_base_model(state, self.base_model, path)
+        _load_module_state(self.model, state["model"], adapter_only=state.get("model_format") == "adapter")
         if self.critic is not None:
             if "critic" not in state:
                 raise KeyError(f"{path} has no critic state: it was not written by a PPO run")
@@ -294,13 +317,24 @@ def _module_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def _load_module_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def _load_module_state(module: nn.Module, state: dict[str, torch.Tensor], adapter_only: bool = False) -> None:
+    """Load a full state, or an adapter checkpoint's trainable tensors onto the base weights already loaded."""
     if D.is_distributed():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=not adapter_only))
         return
-    module.load_state_dict(state)
+    if not adapter_only:
+        module.load_state_dict(state)
+        return
+    load_trainable_state(module, state)
+
+
+def check_base_model(state: dict[str, Any], expected: dict[str, Any] | None, path: str | Path) -> None:
+    """An adapter checkpoint only makes sense on the base weights it was trained from."""
+    saved = state.get("base_model")
+    if state.get("model_format") == "adapter" and saved and expected and saved != expected:
+        raise ValueError(f"{path} holds a LoRA adapter trained on {saved}, but this run's base model is {expected}")
 
 
 def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, critic: nn.Module | None) -> dict[str, Any]:

@@ -123,7 +123,11 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
         return TransformersEngine(plain_copy(model, share_frozen=True), tokenizer, seed=cfg.seed, **cfg.engine.options)
     from clawgym_env.engines import make_engine
 
-    return make_engine(cfg.engine.kind, model=cfg.model.name, **cfg.engine.options)
+    options = dict(cfg.engine.options)
+    if cfg.model.lora.enabled and cfg.model.lora.sync == "adapter":  # vLLM serves the adapter on the base weights
+        options.setdefault("enable_lora", True)
+        options.setdefault("max_lora_rank", min(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= cfg.model.lora.r))
+    return make_engine(cfg.engine.kind, model=cfg.model.name, **options)
 
 
 # ------------------------------------------------------------------------------------------- rollouts
@@ -448,6 +452,8 @@ def start_run(cfg: TrainConfig) -> Run:
         critic=critic,
         ref_model=ref_model,
         device=cfg.device,
+        base_model={"name": cfg.model.name, "dtype": cfg.model.dtype, "seed": cfg.model.seed},
+        adapter_sync=cfg.model.lora.enabled and cfg.model.lora.sync == "adapter",
     )
     samplers = [TaskSampler(len(ts), cfg.seed + i) for i, ts in enumerate(rollout_side.get("train_tasks", []))]
     logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main_rank)

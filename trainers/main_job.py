@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trainers.engine_choice import EngineChoice, choose_engine
 from trainers.process_memory import TreeSampler, main_process_peak_mb
 
 # The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
@@ -87,13 +88,30 @@ def main_job_overrides(
     return overrides + list(extra or [])
 
 
+def pick_engine(quick: bool, extra: list[str]) -> tuple[EngineChoice, list[str]]:
+    """The engine for this run and the overrides that select it: the user's `engine=...` wins, the quick
+    check keeps the transformers engine (its tiny model), otherwise the machine decides (trainers.engine_choice)."""
+    given = [o for o in extra if o.startswith(("engine=", "engine.options.dtype=", "+engine.options.dtype="))]
+    if given:
+        kind = next((o.split("=", 1)[1] for o in given if o.startswith("engine=")), "transformers")
+        dtype = next((o.split("=", 1)[1] for o in given if "dtype=" in o), "the engine's default")
+        return EngineChoice(kind=kind, dtype=dtype, reason="given on the command line"), []
+    if quick:
+        return EngineChoice(kind="transformers", dtype="float32", reason="--quick: the tiny model's plumbing check"), []
+    choice = choose_engine()
+    return choice, choice.overrides()
+
+
 def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any]:
     """Train with the preset, then print and return the report."""
     from trainers.loop import train
     from trainers.main import compose
 
     console = console or Console()
+    engine, engine_overrides = pick_engine(bool(kwargs.get("quick")), list(kwargs.get("extra") or []))
+    kwargs["extra"] = engine_overrides + list(kwargs.get("extra") or [])
     cfg = compose(main_job_overrides(**kwargs))
+    console.print(f"engine: {engine.kind} ({engine.dtype}): {engine.reason}")
     console.print(
         f"[bold]ClawGym main job[/bold]: {cfg.algorithm.name.upper()} on {', '.join(cfg.env.ids)} with "
         f"{cfg.model.name}, {cfg.steps} steps × {cfg.env.tasks_per_step} task(s) × {cfg.env.group_size} rollouts; "
@@ -105,6 +123,7 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
     wall_s = time.perf_counter() - started
     report = build_report(Path(cfg.run_dir), summary, wall_s)
     report["peak_rss_mb"] = {"main_process": main_process_peak_mb(), "process_tree": tree.peak_mb}
+    report["engine"] = engine.model_dump()
     console.print(render_report(report))
     (Path(cfg.run_dir) / "report.json").write_text(json.dumps(report, indent=2))
     console.print(
@@ -210,6 +229,9 @@ def render_report(report: dict[str, Any]) -> Table:
         "IS ratio mean / KL (k3) / clipped fraction",
         f"{fmt(report['is_ratio_mean'])} / {fmt(report['is_kl_k3'], 5)} / {fmt(report['is_clipped_frac'])}",
     )
+    if report.get("engine"):
+        e = report["engine"]
+        table.add_row("engine (why)", f"{e['kind']}, {e['dtype']} ({e['reason']})")
     for phase, seconds in report["time_s"].items():
         table.add_row(f"time: {phase.replace('_', ' ')}", f"{seconds:.0f} s")
     sync = report["weight_sync"]

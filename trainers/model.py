@@ -7,11 +7,13 @@ names, whatever wraps the trainer's copy (LoRA adapters are folded in, FSDP shar
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
 from torch import nn
+
+from clawgym_env.engines.lora_adapter import LoraAdapter
 
 
 class LoraSettings(BaseModel):
@@ -22,6 +24,11 @@ class LoraSettings(BaseModel):
     alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    sync: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="what the engine receives each step: the adapted layers with the adapters merged in, or "
+        "the adapter alone (engines that load adapters: vllm); checkpoints always store the adapter alone",
+    )
 
 
 def load_model(name: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[nn.Module, Any]:
@@ -106,6 +113,34 @@ def export_weights(model: nn.Module, full: bool = False) -> dict[str, torch.Tens
     if hasattr(model, "get_base_model"):
         return _merged_lora_weights(model, full)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load an adapter checkpoint (a LoRA model's trainable tensors) onto a model whose base weights are loaded.
+
+    Refuses a checkpoint that names a tensor the model lacks or leaves a trainable one out."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    left_out = sorted(trainable & set(missing))
+    if unexpected or left_out:
+        raise KeyError(
+            f"the adapter checkpoint does not fit this model: {len(unexpected)} unknown tensors "
+            f"(e.g. {unexpected[:2]}), {len(left_out)} trainable ones missing (e.g. {left_out[:2]}); "
+            "was it saved with the same model.lora settings?"
+        )
+
+
+def export_adapter(model: nn.Module) -> LoraAdapter:
+    """A LoRA policy's adapter alone (what `engine.update_adapter` takes): PEFT's names, rank, alpha, targets."""
+    from peft import get_peft_model_state_dict
+
+    from clawgym_env.engines.lora_adapter import LoraAdapter
+
+    if not hasattr(model, "peft_config"):
+        raise ValueError("export_adapter needs a LoRA (peft) model: set model.lora.enabled=true")
+    config = model.peft_config["default"]
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return LoraAdapter(tensors, rank=config.r, alpha=config.lora_alpha, target_modules=sorted(config.target_modules))
 
 
 def _merged_lora_weights(peft_model: nn.Module, full: bool) -> dict[str, torch.Tensor]:

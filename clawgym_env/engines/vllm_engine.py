@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawgym_env.engines.engine_loop import EngineLoop
+from clawgym_env.engines.lora_adapter import LoraAdapter
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
 
 VLLM_MISSING = (
@@ -294,6 +296,8 @@ class VLLMEngine:
         self._aborted: set[str] = set()
         self.stats = VLLMEngineStats()
         self._weights_dir = tempfile.TemporaryDirectory(prefix="clawgym-vllm-weights-")
+        self.supports_adapters = bool(engine_kwargs.get("enable_lora"))
+        self._adapter: Any = None  # the LoRARequest every generation runs under (None: the base weights)
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -338,7 +342,7 @@ class VLLMEngine:
         # CUMULATIVE: an aborted request still hands back everything generated so far.
         params = VllmSamplingParams(output_kind=RequestOutputKind.CUMULATIVE, **kwargs)
         rid = request_id or f"clawgym-{next(self._ids)}"
-        version = self.policy_version
+        version, adapter = self.policy_version, self._adapter  # read together: an update changes both
         self._in_flight += 1
         self._idle.clear()
         self._aborted.discard(rid)
@@ -346,7 +350,8 @@ class VLLMEngine:
         sent = 0
         finished = False
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=rid):
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+            async for out in self.llm.generate(prompt, params, request_id=rid, lora_request=adapter):
                 final = out
                 completion = out.outputs[0]
                 if completion.finish_reason is not None:
@@ -415,6 +420,55 @@ class VLLMEngine:
                 await self.llm.collective_rpc("clawgym_load_weights_from_file", args=(path, str(version)))
             finally:
                 os.unlink(path)
+            if self._adapter is not None:  # full weights replace base + adapter: the adapter would apply twice
+                await self.llm.remove_lora(self._adapter.lora_int_id)
+                self._adapter = None
+            await self.llm.reset_prefix_cache()
+            self.policy_version = version
+            self.stats.weight_updates += 1
+            self.stats.weight_update_s += time.perf_counter() - started
+        finally:
+            self._resume.set()
+
+    async def aupdate_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve `adapter` (on the base weights) from now on, as `version`: see `update_adapter`."""
+        await self._engine_loop.call(self._update_adapter(adapter, version))
+
+    def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Load a LoRA adapter under the name `policy-v<version>` and unload the previous one.
+
+        Needs `enable_lora=True` (and `max_lora_rank` >= the adapter's rank) at start. Like `update_weights`
+        it pauses new requests and waits for in-flight ones, so a call never mixes two versions; vLLM keys
+        its prefix cache by adapter, so the old adapter's cached prompts are never reused (the cache is
+        reset anyway, to free them)."""
+        self._engine_loop.run(self._update_adapter(adapter, version), "use `await engine.aupdate_adapter(...)`")
+
+    async def aloaded_adapters(self) -> set[int]:
+        """The ids of the LoRA adapters vLLM holds now (`policy-v<N>` has id N + 1)."""
+
+        async def ids() -> set[int]:
+            return set(await self.llm.list_loras())
+
+        return await self._engine_loop.call(ids())
+
+    async def _update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.supports_adapters:
+            raise RuntimeError("update_adapter needs a VLLMEngine started with enable_lora=True (and max_lora_rank)")
+        self._resume.clear()
+        try:
+            await self._idle.wait()
+            started = time.perf_counter()
+            name = f"policy-v{version}"
+            folder = os.path.join(self._weights_dir.name, name)
+            await asyncio.to_thread(adapter.save, folder, self.llm.model_config.dtype)
+            request = LoRARequest(lora_name=name, lora_int_id=int(version) + 1, lora_path=folder)
+            await self.llm.add_lora(request)
+            old, self._adapter = self._adapter, request
+            if old is not None:
+                await self.llm.remove_lora(old.lora_int_id)
+                await asyncio.to_thread(shutil.rmtree, old.lora_path, True)
             await self.llm.reset_prefix_cache()
             self.policy_version = version
             self.stats.weight_updates += 1

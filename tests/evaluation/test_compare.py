@@ -181,9 +181,11 @@ def test_compare_command(tmp_path: Path) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING)
-def test_a_trained_policy_is_served_by_the_engine_it_was_trained_with(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_a_trained_policy_is_served_by_the_engine_it_was_trained_with(tmp_path: Path, sync: str) -> None:
     """`engine=vllm`: the evaluated policy is an in-process vLLM engine that serves the checkpoint's weights
-    (a LoRA checkpoint sends only its adapted layers), not a transformers copy; its logprobs equal a
+    (an old full-state LoRA checkpoint sends its adapted layers merged; an adapter checkpoint, with
+    `model.lora.sync=adapter`, the adapter alone), not a transformers copy; its logprobs equal a
     teacher-forced pass of the trained model within vLLM's float32 tolerance, and differ from the start's."""
     from clawgym_env.engines.vllm_engine import VLLMEngine
     from clawgym_env.interfaces import SamplingParams
@@ -194,6 +196,7 @@ def test_a_trained_policy_is_served_by_the_engine_it_was_trained_with(tmp_path: 
         [
             "model.name=tiny-qwen3-h64",
             "model.lora.enabled=true",
+            f"model.lora.sync={sync}",
             "engine=vllm",
             "+engine.options.dtype=float32",
             "+engine.options.max_model_len=512",
@@ -207,12 +210,18 @@ def test_a_trained_policy_is_served_by_the_engine_it_was_trained_with(tmp_path: 
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
     checkpoint = tmp_path / "latest.pt"
-    torch.save({"model": trained.state_dict(), "step": 3}, checkpoint)
+    if sync == "merged":  # the format of checkpoints written before adapter checkpoints
+        torch.save({"model": trained.state_dict(), "step": 3}, checkpoint)
+    else:  # what the trainer writes for a LoRA policy now: the adapter and the base's identity
+        adapter = {k: v for k, v in trained.state_dict().items() if "lora_" in k}
+        base = {"name": "tiny-qwen3-h64", "dtype": "float32", "seed": 0}
+        torch.save({"model": adapter, "model_format": "adapter", "base_model": base, "step": 3}, checkpoint)
     merged = trained.merge_and_unload().eval()
 
     policy = build_policy(cfg, checkpoint)
     try:
         assert isinstance(policy.engine, VLLMEngine) and policy.engine.policy_version == 3
+        assert policy.engine.supports_adapters == (sync == "adapter")
         prompt = policy.renderer.tokenizer.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
         gen = asyncio.run(policy.engine.generate(prompt, SamplingParams(max_tokens=12, seed=0, ignore_eos=True)))
         with torch.no_grad():

@@ -46,6 +46,7 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     rss = report["peak_rss_mb"]
     assert rss["process_tree"] > 100 and rss["main_process"] > 100  # torch and a model are loaded
     assert "weight sync to the engine" in stdout and "peak RSS" in stdout
+    assert report["engine"]["kind"] == "transformers" and "--quick" in report["engine"]["reason"]
 
 
 @pytest.mark.parametrize(
@@ -90,3 +91,30 @@ def test_main_job_quick_through_a_sharded_proxy(tmp_path):
     assert not (run_dir / "rollouts" / "calls.jsonl").exists()  # no call went through a proxy of its own
     proxy = json.loads((run_dir / "summary.json").read_text())["proxy"]
     assert len(proxy["shards"]) == 2 and proxy["shard_failures"] == {} and proxy["closed_rollouts"] >= 4
+
+
+AVX512 = "model name\t: Intel(R) Xeon(R) Platinum\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw amx_tile\n"
+AVX2 = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2 fma\n"
+
+
+def test_the_engine_follows_the_cpu_and_a_users_choice_wins(tmp_path):
+    from trainers.engine_choice import choose_engine, cpu_facts
+    from trainers.main_job import pick_engine
+
+    assert cpu_facts(AVX2) == ("AMD EPYC 7B13", {"fpu", "sse2", "avx", "avx2", "fma"})
+    fast = choose_engine(AVX512, vllm_installed=True, gpu=False)
+    assert (fast.kind, fast.dtype, fast.avx512) == ("vllm", "bfloat16", True) and "AVX-512" in fast.reason
+    cfg = compose(main_job_overrides(run_dir=tmp_path, extra=fast.overrides()))
+    assert cfg.engine.kind == "vllm" and cfg.engine.options["dtype"] == "bfloat16"
+    assert cfg.engine.options["max_batch_size"] == 16  # the preset's options survive the group switch
+    slow = choose_engine(AVX2, vllm_installed=True, gpu=False)
+    assert (slow.kind, slow.dtype) == ("transformers", "float32") and "no AVX-512" in slow.reason
+    assert compose(main_job_overrides(run_dir=tmp_path, extra=slow.overrides())).engine.kind == "transformers"
+    assert choose_engine(AVX512, vllm_installed=False, gpu=False).kind == "transformers"
+    assert choose_engine(AVX2, vllm_installed=True, gpu=True).kind == "vllm"
+    given, extra = pick_engine(False, ["engine=vllm_server", "optim.lr=1e-5"])
+    assert (given.kind, given.reason, extra) == ("vllm_server", "given on the command line", [])
+    quick, extra = pick_engine(True, [])
+    assert quick.kind == "transformers" and extra == []
+    here, extra = pick_engine(False, [])  # this machine: whatever it has, the choice composes
+    assert compose(main_job_overrides(run_dir=tmp_path, extra=extra)).engine.kind == here.kind

@@ -133,7 +133,9 @@ def test_the_correction_weighs_stale_tokens_by_the_new_policy_over_the_recorded_
     forests = []
     for i, g in enumerate(gens):
         assert g.policy_version == 0
-        forest = forest_from_paths([[(t, False) for t in prompt] + [(t, True) for t in g.token_ids]], rollout_id=f"r{i}")
+        forest = forest_from_paths(
+            [[(t, False) for t in prompt] + [(t, True) for t in g.token_ids]], rollout_id=f"r{i}"
+        )
         lp = np.full(len(forest.tokens), np.nan, np.float32)
         lp[len(prompt) :] = g.logprobs
         forests.append(dataclasses.replace(forest, logprobs=lp))

@@ -1,0 +1,63 @@
+"""A LoRA policy's checkpoint holds its adapter and the base model's identity, not the base weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.trainers.conftest import small_qwen3
+from trainers.core import OptimConfig, Trainer
+from trainers.grpo import GRPO, GRPOConfig
+from trainers.model import LoraSettings, apply_lora
+
+BASE = {"name": "small-qwen3", "dtype": "float32", "seed": 0}
+
+
+def _trainer(lora: LoraSettings | None = None, base: dict | None = BASE) -> Trainer:
+    model = small_qwen3(seed=0)
+    if lora is not None:
+        model = apply_lora(model, lora)
+    return Trainer(model, GRPO(GRPOConfig()), OptimConfig(), base_model=base)
+
+
+def test_an_adapter_checkpoint_is_small_and_resumes_exactly(tmp_path) -> None:
+    lora = LoraSettings(enabled=True, r=4, target_modules=["q_proj", "v_proj"])
+    trained = _trainer(lora)
+    with torch.no_grad():
+        for name, p in trained.model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.3)
+    trained.step = 5
+    saved = trained.save_checkpoint(tmp_path / "lora.pt")
+    full = _trainer().save_checkpoint(tmp_path / "full.pt")
+    state = torch.load(saved, weights_only=False)
+    assert state["model_format"] == "adapter" and state["base_model"] == BASE
+    assert state["model"] and all("lora_" in k for k in state["model"])
+    assert saved.stat().st_size * 5 < full.stat().st_size  # optimizer state included in both
+
+    fresh = _trainer(lora)
+    fresh.load_checkpoint(saved)
+    assert fresh.step == 5
+    for (name, a), b in zip(trained.model.state_dict().items(), fresh.model.state_dict().values()):
+        assert torch.equal(a, b), name  # the adapters loaded, the base weights are the ones the run loaded
+
+
+def test_an_adapter_checkpoint_refuses_another_base_or_other_lora_settings(tmp_path) -> None:
+    lora = LoraSettings(enabled=True, r=4, target_modules=["q_proj", "v_proj"])
+    saved = _trainer(lora).save_checkpoint(tmp_path / "lora.pt")
+    with pytest.raises(ValueError, match="trained on"):
+        _trainer(lora, base={**BASE, "name": "another-model"}).load_checkpoint(saved)
+    with pytest.raises(KeyError, match="same model.lora settings"):
+        _trainer(LoraSettings(enabled=True, r=4, target_modules=["q_proj"])).load_checkpoint(saved)
+
+
+def test_adapter_sync_needs_an_engine_that_loads_adapters() -> None:
+    from trainers.main import compose
+
+    with pytest.raises(ValueError, match="engine=vllm"):
+        compose(["model.lora.enabled=true", "model.lora.sync=adapter", "run_dir=/tmp/x"])
+    assert compose(["model.lora.enabled=true", "model.lora.sync=adapter", "engine=vllm", "run_dir=/tmp/x"])
+    with pytest.raises(ValueError, match="LoRA policy"):
+        Trainer(copy.deepcopy(small_qwen3()), GRPO(GRPOConfig()), adapter_sync=True)

@@ -1,0 +1,83 @@
+"""Which inference engine the main job runs its rollouts on, chosen from what this machine supports.
+
+The fastest engine for a 0.5B policy on a CPU depends on the CPU. With AVX-512, vLLM runs the float32
+checkpoint in bfloat16 through oneDNN and decodes ~2.4x faster than the transformers engine (docs/engines.md,
+"Measured here"). On an AVX2-only CPU vLLM's bfloat16 linear layers fall back to plain torch ("Failed to
+create oneDNN linear") and the main job's rollouts were slower on vLLM than on the transformers engine
+(issue #33's runs on an AMD EPYC), so there the transformers engine runs, in float32 like the trainer. A GPU
+gets vLLM with its own dtype choice. A user's `engine=...` override always wins; the run's summary says what
+was picked and why (`report.json`, "engine").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from pydantic import BaseModel
+
+
+class EngineChoice(BaseModel):
+    """The engine and dtype picked, the reason, and the CPU facts it was picked from."""
+
+    kind: str  # an engine config group: transformers | vllm | vllm_server | remote
+    dtype: str
+    reason: str
+    cpu: str = "unknown"
+    avx512: bool = False
+    gpu: bool = False
+
+    def overrides(self) -> list[str]:
+        """Hydra overrides that select this engine (nothing for the config's default, the transformers engine)."""
+        if self.kind == "transformers":
+            return []
+        return ["engine=vllm", f"+engine.options.dtype={self.dtype}"]
+
+
+def cpu_facts(cpuinfo: str | None = None) -> tuple[str, set[str]]:
+    """The CPU's model name and its feature flags, from /proc/cpuinfo (or the text given)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    name, flags = "unknown", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and name == "unknown":
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return name, flags
+
+
+def choose_engine(
+    cpuinfo: str | None = None, *, vllm_installed: bool | None = None, gpu: bool | None = None
+) -> EngineChoice:
+    """The main job's engine for this machine (arguments override what is detected, for tests)."""
+    if vllm_installed is None:
+        vllm_installed = importlib.util.find_spec("vllm") is not None
+    if gpu is None:
+        import torch
+
+        gpu = bool(torch.cuda.is_available())
+    name, flags = cpu_facts(cpuinfo)
+    avx512 = "avx512f" in flags
+    facts = {"cpu": name, "avx512": avx512, "gpu": gpu}
+    if not vllm_installed:
+        return EngineChoice(kind="transformers", dtype="float32", reason="vLLM is not installed", **facts)
+    if gpu:
+        return EngineChoice(kind="vllm", dtype="auto", reason="a GPU: vLLM with its own dtype", **facts)
+    if avx512:
+        return EngineChoice(
+            kind="vllm",
+            dtype="bfloat16",
+            reason="AVX-512: vLLM's oneDNN bfloat16 kernels decode faster than the transformers engine "
+            "(docs/engines.md)",
+            **facts,
+        )
+    return EngineChoice(
+        kind="transformers",
+        dtype="float32",
+        reason="no AVX-512: vLLM's bfloat16 falls back to plain torch linear layers and its rollouts were "
+        "slower than the transformers engine's on such a CPU (docs/engines.md)",
+        **facts,
+    )
