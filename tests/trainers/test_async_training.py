@@ -182,8 +182,9 @@ def _train(tmp_path: Path, extra: list[str]) -> dict:
     return train(cfg)
 
 
-def test_the_loop_runs_ahead_of_the_trainer_and_resumes(tmp_path: Path) -> None:
-    summary = _train(tmp_path, ["steps=3", "trainer.max_staleness=1"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_the_loop_runs_ahead_of_the_trainer_and_resumes(tmp_path: Path, algorithm: str) -> None:
+    summary = _train(tmp_path, [f"algorithm={algorithm}", "steps=3", "trainer.max_staleness=1"])
     assert summary["steps"] == 3 and summary["max_staleness"] == 1
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r.get("kind") == "train"]
@@ -195,7 +196,9 @@ def test_the_loop_runs_ahead_of_the_trainer_and_resumes(tmp_path: Path) -> None:
     evidence = read_rows(tmp_path / "run" / "rollouts.jsonl")
     assert sorted({r.step for r in evidence}) == [1, 2, 3] and all(r.wall_s and r.wall_s > 0 for r in evidence)
 
-    summary = _train(tmp_path, ["steps=4", "trainer.max_staleness=1", "checkpoint.resume=auto"])
+    summary = _train(
+        tmp_path, [f"algorithm={algorithm}", "steps=4", "trainer.max_staleness=1", "checkpoint.resume=auto"]
+    )
     assert summary["steps"] == 4
     evidence = read_rows(tmp_path / "run" / "rollouts.jsonl")
     assert [r.step for r in evidence].count(4) == 2 and len(evidence) == 8  # step 4 ran once, nothing lost
