@@ -114,31 +114,50 @@ def run_arm(
     return evidence, timings
 
 
-def report(rows: list[EvidenceRow], timings: list[StepTiming]) -> str:
-    """The side-by-side table (plain text), from the rows alone."""
+def arm_summaries(rows: list[EvidenceRow], timings: list[StepTiming]) -> list[dict[str, Any]]:
+    """Per arm: seconds per step, busy shares, push bytes and seconds, checkpoint bytes, gain and difference."""
     arms = sorted({t.arm for t in timings}, key=lambda a: (a.endswith("adapter"), a))
     harness = next(r.eval_harness for r in rows if r.phase == "after")
-    lines = [
-        f"{'arm':<22} {'s/step':>7} {'trainer busy':>12} {'rollouts busy':>13} {'push MB':>8} {'push s':>7} "
-        f"{'ckpt MB':>8}  held-out gain [95 %]  vs staleness-0"
-    ]
+    out = []
     for arm in arms:
         ts = [t for t in timings if t.arm == arm]
         wall = sum(t.step_s for t in ts)
         ckpt = [t.checkpoint_bytes for t in ts if t.checkpoint_bytes]
-        e = gain(rows, arm, harness)
-        versus = (
-            ""
-            if arm == "staleness-0"
-            else (lambda d: f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]")(
-                difference(rows, arm, "staleness-0", harness)
-            )
+        out.append(
+            {
+                "arm": arm,
+                "harness": harness,
+                "steps": len(ts),
+                "step_s": wall / len(ts),
+                "trainer_busy": sum(t.update_s for t in ts) / wall,
+                "rollouts_busy": sum(t.rollout_s for t in ts) / wall,
+                "push_mb": float(np.mean([t.weight_sync_bytes for t in ts])) / 1e6,
+                "push_s": float(np.mean([t.weight_sync_s for t in ts])),
+                "checkpoint_mb": float(np.mean(ckpt)) / 1e6 if ckpt else None,
+                "gain": gain(rows, arm, harness),
+                "versus_sync": None if arm == "staleness-0" else difference(rows, arm, "staleness-0", harness),
+                "cpu": ts[0].cpu,
+            }
         )
+    return out
+
+
+def report(rows: list[EvidenceRow], timings: list[StepTiming]) -> str:
+    """The side-by-side table (plain text), from the rows alone."""
+
+    def interval(e: Any) -> str:
+        return "" if e is None else f"{e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
+
+    lines = [
+        f"{'arm':<22} {'s/step':>7} {'trainer busy':>12} {'rollouts busy':>13} {'push MB':>8} {'push s':>7} "
+        f"{'ckpt MB':>8}  held-out gain [95 %]  vs staleness-0"
+    ]
+    for a in arm_summaries(rows, timings):
+        ckpt = float("nan") if a["checkpoint_mb"] is None else a["checkpoint_mb"]
         lines.append(
-            f"{arm:<22} {wall / len(ts):7.1f} {sum(t.update_s for t in ts) / wall:12.2f} "
-            f"{sum(t.rollout_s for t in ts) / wall:13.2f} {np.mean([t.weight_sync_bytes for t in ts]) / 1e6:8.2f} "
-            f"{np.mean([t.weight_sync_s for t in ts]):7.2f} {(np.mean(ckpt) / 1e6 if ckpt else float('nan')):8.1f}  "
-            f"{e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}] (n={e.seeds})  {versus}"
+            f"{a['arm']:<22} {a['step_s']:7.1f} {a['trainer_busy']:12.2f} {a['rollouts_busy']:13.2f} "
+            f"{a['push_mb']:8.2f} {a['push_s']:7.2f} {ckpt:8.1f}  {interval(a['gain'])} (n={a['gain'].seeds})  "
+            f"{interval(a['versus_sync'])}"
         )
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from evaluation.gains import Estimate, difference, gain
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
-DOCS = [REPO / "docs" / "experiments.md", REPO / "README.md"]
+DOCS = [REPO / "docs" / "experiments.md", REPO / "README.md", REPO / "docs" / "trainers.md"]
 MATRIX_SUITE = "ClawGymBench"
 BLACK_BOX = ["OpenClaw", "ClaudeCode", "Pi"]
 MARKER = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
@@ -234,11 +234,42 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
     }
 
 
+def async_training_block(results: Path) -> str:
+    """benchmarks.async_training's arms side by side, from its two stored files."""
+    from benchmarks.async_training import arm_summaries, read_timings
+
+    command = "python -m benchmarks.async_training --publish docs/results"
+    steps = results / "async_training_steps.jsonl.gz"
+    if not steps.is_file():
+        return f"No stored run yet: `{command}`.\n"
+    rows, timings = _load("async_training", results), read_timings(steps)
+    arms = arm_summaries(rows, timings)
+    lines = [
+        "| arm | s per step | trainer busy | rollouts busy | push MB / s | checkpoint MB | held-out gain | vs staleness-0 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a in arms:
+        ckpt = "-" if a["checkpoint_mb"] is None else f"{a['checkpoint_mb']:.1f}"
+        versus = "-" if a["versus_sync"] is None else f"{_fmt(a['versus_sync'])}, {_verdict(a['versus_sync'])}"
+        lines.append(
+            f"| {a['arm']} | {a['step_s']:.0f} | {a['trainer_busy']:.2f} | {a['rollouts_busy']:.2f} | "
+            f"{a['push_mb']:.2f} / {a['push_s']:.2f} | {ckpt} | {_fmt(a['gain'])} (n={a['gain'].seeds}) | {versus} |"
+        )
+    cpus = sorted({a["cpu"] for a in arms})
+    return (
+        "\n".join(lines)
+        + f"\n\nFrom `docs/results/async_training.jsonl.gz` and `async_training_steps.jsonl.gz` (made by `{command}`; "
+        f"{arms[0]['harness']}, {arms[0]['steps']} steps per arm and seed; CPU: {', '.join(cpus)}). Busy shares are of "
+        "the trainer's wall time per step; they add up to more than 1 only where rollouts and updates overlap.\n"
+    )
+
+
 # ------------------------------------------------------------------------------------------- the docs
 def blocks(results: Path = RESULTS) -> dict[str, str]:
     return {
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
         **matrix_blocks(_load("transfer_matrix", results)),
+        "async-training": async_training_block(results),
     }
 
 

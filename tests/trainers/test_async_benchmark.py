@@ -30,6 +30,10 @@ def test_the_benchmark_trains_both_arms_side_by_side_and_publishes(tmp_path: Pat
     ]
     assert all(t.weight_sync_bytes > 0 and t.step_s >= t.update_s > 0 for t in timings)
     assert all(t.staleness_max <= 1 for t in timings) and timings[-1].checkpoint_bytes
+    from benchmarks.experiment_report import async_training_block
+
+    block = async_training_block(tmp_path)  # the docs' table, from the published files alone
+    assert "| staleness-0 |" in block and "| staleness-1 |" in block and "(n=1)" in block
     assert main([*args, "--", *quick]) == 0  # read back from the run directories, merged without duplicates
     assert len(read_timings(tmp_path / "async_training_steps.jsonl.gz")) == 4
     assert len(read_rows(tmp_path / "async_training.jsonl.gz")) == len(rows)
