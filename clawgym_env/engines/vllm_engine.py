@@ -423,12 +423,16 @@ class VLLMEngine:
             if self._adapter is not None:  # full weights replace base + adapter: the adapter would apply twice
                 await self.llm.remove_lora(self._adapter.lora_int_id)
                 self._adapter = None
-            await self.llm.reset_prefix_cache()
-            self.policy_version = version
-            self.stats.weight_updates += 1
-            self.stats.weight_update_s += time.perf_counter() - started
+            await self._serve_as(version, started)
         finally:
             self._resume.set()
+
+    async def _serve_as(self, version: int, started: float) -> None:
+        """After new weights or a new adapter: drop the prefix cache (its KV came from the old policy), count."""
+        await self.llm.reset_prefix_cache()
+        self.policy_version = version
+        self.stats.weight_updates += 1
+        self.stats.weight_update_s += time.perf_counter() - started
 
     async def aupdate_adapter(self, adapter: LoraAdapter, version: int) -> None:
         """Serve `adapter` (on the base weights) from now on, as `version`: see `update_adapter`."""
@@ -469,10 +473,7 @@ class VLLMEngine:
             if old is not None:
                 await self.llm.remove_lora(old.lora_int_id)
                 await asyncio.to_thread(shutil.rmtree, old.lora_path, True)
-            await self.llm.reset_prefix_cache()
-            self.policy_version = version
-            self.stats.weight_updates += 1
-            self.stats.weight_update_s += time.perf_counter() - started
+            await self._serve_as(version, started)
         finally:
             self._resume.set()
 
