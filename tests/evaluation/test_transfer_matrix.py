@@ -118,6 +118,7 @@ def means(report: MatrixReport) -> dict[str, dict[str, tuple]]:
 
 
 @pytest.mark.harness
+@pytest.mark.timeout(600)  # 2 seeds x 2 arms through OpenClaw and Claude Code: 273-283 s measured on an idle machine
 def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished_cells(tmp_path: Path) -> None:
     arms, harnesses = ["WhiteBox", "OpenClaw+ClaudeCode"], ["WhiteBox", "OpenClaw"]
     argv = [
