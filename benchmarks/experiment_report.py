@@ -25,7 +25,7 @@ from evaluation.gains import Estimate, difference, gain
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
-DOCS = [REPO / "docs" / "experiments.md", REPO / "README.md", REPO / "docs" / "trainers.md"]
+DOCS = [REPO / "docs" / "experiments.md", REPO / "README.md", REPO / "docs" / "trainers.md", REPO / "docs" / "proxy.md"]
 MATRIX_SUITE = "ClawGymBench"
 BLACK_BOX = ["OpenClaw", "ClaudeCode", "Pi"]
 MARKER = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
@@ -264,12 +264,23 @@ def async_training_block(results: Path) -> str:
     )
 
 
+def proxy_ab_block(results: Path) -> str:
+    """benchmarks.proxy_ab's before/after figures, from its stored rows."""
+    from benchmarks.proxy_ab import FILE, ab_table, read_rows
+
+    path = results / FILE
+    if not path.is_file():
+        return "No stored run yet: `python -m benchmarks.proxy_ab --before <checkout> --publish docs/results`.\n"
+    return ab_table(read_rows(path))
+
+
 # ------------------------------------------------------------------------------------------- the docs
 def blocks(results: Path = RESULTS) -> dict[str, str]:
     return {
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
         **matrix_blocks(_load("transfer_matrix", results)),
         "async-training": async_training_block(results),
+        "proxy-ab": proxy_ab_block(results),
     }
 
 

@@ -23,7 +23,7 @@ from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory.packing import pack_forest, tree_logprobs
 from clawgym_env.trajectory.reconstruct import build_forest
-from clawgym_env.trajectory.synthetic import realistic_rollout, synthetic_rollout
+from clawgym_env.trajectory.synthetic_recordings import realistic_rollout, synthetic_rollout
 from clawgym_env.trajectory.trie import PreparedCall
 
 

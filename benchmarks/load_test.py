@@ -94,13 +94,14 @@ def run_load(
         tracemalloc.start(3)
     snapshots: list[tracemalloc.Snapshot] = []
     import clawgym_env
+    from clawgym_env import TaskSuite
     from clawgym_env.registry import registry
     from tests.reliability import doubles
 
     if doubles.HARNESS_NAME not in registry.harnesses:
         clawgym_env.register(doubles.harness_spec())
     if doubles.SUITE_NAME not in registry.suites:
-        clawgym_env.register(name=doubles.SUITE_NAME, tasks=[doubles.fault_task("ok", i) for i in range(4)])
+        clawgym_env.register(TaskSuite(name=doubles.SUITE_NAME, tasks=[doubles.fault_task("ok", i) for i in range(4)]))
     work = Path(work_dir or tempfile.mkdtemp(prefix="clawgym-load-"))
     sandbox_root = work / "sandboxes"
     env = clawgym_env.make(

@@ -77,7 +77,6 @@ async def measure(
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy, RolloutLimits
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy
-    from clawgym_env.proxy.fastpath import HotRoutes
 
     tokenizer = load_qwen_tokenizer()
     engine = (
@@ -89,7 +88,7 @@ async def measure(
     run_dir = Path(tempfile.mkdtemp(prefix="proxy-handler-"))  # its call log: up to 100s of MB, removed below
     proxy = ServingProxy(run_dir, port=0, unix_socket=None)
     await proxy.start()
-    app = HotRoutes(proxy.app, proxy._hot_routes())
+    app = proxy.asgi
     tools = orjson.dumps(TOOLS)
     handler_cpu = 0.0
     statuses: dict[int, int] = {}

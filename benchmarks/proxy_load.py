@@ -181,7 +181,7 @@ async def direct_baseline(engine: Any, prompts: list[list[int]], n: int, samplin
     and proxy on different engine calls made the added latency negative in `--remote` mode: RemoteEngine's
     `generate()`, retried through tenacity and answered with the prompt's ids, costs more than its stream.)
     """
-    from clawgym_env.engines.streaming import stream_tokens
+    from clawgym_env.engines.token_stream import stream_tokens
 
     queue = list(prompts)
     latencies: list[float] = []

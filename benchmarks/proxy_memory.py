@@ -34,14 +34,13 @@ async def held_by_open_rollouts(rollouts: int, calls: int) -> dict[str, float]:
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy, RolloutLimits
     from clawgym_env.proxy import ChatMLRenderer, ServingProxy
-    from clawgym_env.proxy.fastpath import HotRoutes
 
     tokenizer = load_qwen_tokenizer()
     policy = Policy(engine=FastTestEngine(tokenizer, COMPLETIONS), renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]
     run_dir = Path(tempfile.mkdtemp(prefix="proxy-memory-"))
     proxy = ServingProxy(run_dir, port=0, unix_socket=None)
     await proxy.start()
-    app = HotRoutes(proxy.app, proxy._hot_routes())
+    app = proxy.asgi
     tools = orjson.dumps(TOOLS)
 
     async def rollout(name: str) -> None:

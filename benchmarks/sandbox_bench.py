@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from clawgym_env.sandbox.bwrap_args import INIT_INSIDE
-from clawgym_env.sandbox.local import LocalSandbox, LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandbox, LocalSandboxBackend
 from clawgym_env.sandbox.workspace import materialize_workspace
 from clawgym_env.specs import TaskSpec
 

@@ -27,8 +27,8 @@ from clawgym_env.trajectory.packing import leading_context
 from trainers.branchwise import BranchwiseGRPO
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
-from trainers.rollouts import RolloutBatch
-from trainers.synthetic import synthetic_forest
+from trainers.rollout_batch import RolloutBatch
+from trainers.synthetic_batches import synthetic_forest
 
 
 def make_rollouts(n: int, vocab: int, scale: int, seed: int = 0) -> RolloutBatch:

@@ -176,9 +176,14 @@ def main(
     run_main_job(console, mix=mix, whitebox=whitebox, quick=quick, steps=steps, run_dir=run_dir, extra=list(ctx.args))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def train(ctx: typer.Context) -> None:
-    """Train with the bundled GRPO/PPO trainers (Hydra overrides follow, e.g. algorithm=ppo)."""
+    """Train with the bundled GRPO/PPO trainers (Hydra overrides follow, e.g. algorithm=ppo; --help lists them)."""
+    if {"--help", "-h"} & set(ctx.args):
+        from trainers.config_help import help_text
+
+        print(help_text())
+        return
     train_main = load("trainers.main", "main", "training")
     sys.argv = ["clawgym-train", *ctx.args]
     train_main()

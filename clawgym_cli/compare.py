@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from clawgym_env.interfaces import ClosableEngine
 from evaluation import EvalReport, GroupStats, SavedReport, evaluate, fmt_mean_ci
 
 BASELINE = "baseline (start)"
@@ -319,9 +320,8 @@ def compare(
                 env_overrides={"max_new_tokens": config.max_new_tokens, "max_calls": config.max_calls},
             )
         finally:
-            close = getattr(policy.engine, "close", None)
-            if close is not None:
-                close()
+            if isinstance(policy.engine, ClosableEngine):
+                policy.engine.close()
         cells[label] = dict(report.by_harness)
         evaluations[label] = str(report.results_path)
 

@@ -8,10 +8,9 @@ has to satisfy its protocol here.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -19,6 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clawgym_env.specs import ApiStyle
+from clawgym_env.verifier_api import FunctionVerifier as FunctionVerifier  # re-exported: the verifier contract
+from clawgym_env.verifier_api import Verifier as Verifier
+from clawgym_env.verifier_api import VerifierResult as VerifierResult
+from clawgym_env.verifier_api import as_verifier as as_verifier
+from clawgym_env.verifier_api import coerce_verifier_output as coerce_verifier_output
 
 if TYPE_CHECKING:
     from clawgym_env.records import ModelCall
@@ -200,10 +204,49 @@ class InferenceEngine(Protocol):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
 
-    # Optional: `stream(prompt_ids, sampling, *, request_id=None) -> AsyncIterator[TokenChunk]` yields tokens
-    # as they decode; `clawgym_env.engines.streaming.stream_tokens` falls back to generate() without it.
-
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
+
+
+# What an engine may also do. Each is a protocol of its own, checked with isinstance where it is used
+# (`clawgym_env.engines.token_stream`, the proxy, the trainer), so the optional parts are declared here, not
+# guessed with hasattr at each call site.
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """Yields tokens as they decode; `token_stream.stream_tokens` falls back to one chunk from generate()."""
+
+    def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenChunk]: ...
+
+
+@runtime_checkable
+class AbortableEngine(Protocol):
+    """Stops a request by id and hands back what it generated (generate() then takes `request_id=`)."""
+
+    def abort(self, request_id: str) -> bool: ...
+
+
+@runtime_checkable
+class ClosableEngine(Protocol):
+    """Holds threads, processes or servers that `close()` releases."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReportingEngine(Protocol):
+    """Says what it did (calls per server, lost servers, weight updates) for a run's summary."""
+
+    def report(self) -> Any: ...
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """Takes a LoRA adapter instead of full weights (`model.lora.sync=adapter`)."""
+
+    def supports_adapters(self) -> bool: ...
+
+    def update_adapter(self, adapter: Any, version: int) -> None: ...
 
 
 @dataclass
@@ -238,9 +281,17 @@ class RolloutRoute(BaseModel):
 
 class RolloutLimits(BaseModel):
     max_calls: int = 48
-    max_tokens: int = 262_144
+    max_tokens: int = 262_144  # the rollout's token budget: new prompt tokens + generated tokens, over its calls
     max_new_tokens: int = 1024
     temperature: float = 1.0
+
+
+class InProcessAdmission(BaseModel):
+    """An in-process loop's budget for its next call (`ServingProxy.admit_in_process`), checked as for an HTTP
+    call: how many tokens it may generate, or why it may not ("token_cap: ...", recorded as a failed call)."""
+
+    max_new_tokens: int = 0
+    refused: str | None = None
 
 
 @runtime_checkable
@@ -308,86 +359,12 @@ class HarnessAdapter(Protocol):
 
 
 # -------------------------------------------------------------------------------------------- verifier
-class VerifierResult(BaseModel):
-    """A reward in [0, 1] with named sub-scores; a crashed verifier says so instead of scoring 0."""
-
-    reward: float = Field(ge=0.0, le=1.0)
-    subscores: dict[str, float] = Field(default_factory=dict)
-    explanation: str = ""
-    error: str | None = None
-
-    @classmethod
-    def failure(cls, error: str) -> VerifierResult:
-        return cls(reward=0.0, error=error, explanation=f"verifier error: {error}")
-
-
 @dataclass
 class VerifyContext:
     sandbox: Sandbox
     task: TaskSpec
     harness_result: HarnessResult | None = None
     workspace_dir: Path | None = None  # a host copy of the final workspace, for Python checks
-
-
-@runtime_checkable
-class Verifier(Protocol):
-    async def verify(self, ctx: VerifyContext) -> VerifierResult: ...
-
-
-class FunctionVerifier:
-    """Wraps a plain function `(workspace_dir: Path[, final_message: str]) -> float | dict | VerifierResult`.
-
-    A dict is read as named sub-scores in [0, 1], averaged into the reward.
-    """
-
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
-        self.fn = fn
-        self.name = name or getattr(fn, "__name__", "check")
-        self._takes_message = len(inspect.signature(fn).parameters) >= 2
-
-    async def verify(self, ctx: VerifyContext) -> VerifierResult:
-        if ctx.workspace_dir is None:
-            return VerifierResult.failure("FunctionVerifier needs the downloaded workspace (workspace_dir)")
-        args: list[Any] = [ctx.workspace_dir]
-        if self._takes_message:
-            args.append(ctx.harness_result.final_message if ctx.harness_result else "")
-        value = self.fn(*args)
-        if inspect.isawaitable(value):
-            value = await value
-        return coerce_verifier_output(value, source=self.name)
-
-    def __repr__(self) -> str:
-        return f"FunctionVerifier({self.name})"
-
-
-def coerce_verifier_output(value: Any, source: str = "verifier") -> VerifierResult:
-    if isinstance(value, VerifierResult):
-        return value
-    if isinstance(value, bool):
-        value = float(value)
-    if isinstance(value, (int, float)):
-        if not (0.0 <= float(value) <= 1.0) or math.isnan(float(value)):
-            return VerifierResult.failure(f"{source} returned {value!r}, outside [0, 1]")
-        return VerifierResult(reward=float(value))
-    if isinstance(value, Mapping) and value:
-        scores = {str(k): float(v) for k, v in value.items()}
-        bad = {k: v for k, v in scores.items() if not (0.0 <= v <= 1.0)}
-        if bad:
-            return VerifierResult.failure(f"{source} sub-scores outside [0, 1]: {bad}")
-        return VerifierResult(reward=sum(scores.values()) / len(scores), subscores=scores)
-    return VerifierResult.failure(f"{source} returned {type(value).__name__}; expected a float, dict or VerifierResult")
-
-
-def as_verifier(value: Any) -> Verifier:
-    """Accept a Verifier, or a plain check function (wrapped in FunctionVerifier)."""
-    if isinstance(value, Verifier):
-        return value
-    if callable(value):
-        return FunctionVerifier(value)
-    raise TypeError(
-        f"verifier must have an async `verify(ctx)` method or be a function (workspace_dir) -> float | dict; "
-        f"got {type(value).__name__}"
-    )
 
 
 class HarnessNotInstalled(RuntimeError):

@@ -7,13 +7,14 @@ user's new suite is immediately available as `<Suite>-ClaudeCode`, `<Suite>-Whit
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from clawgym_env.specs import ApiStyle, EnvOptions, EnvSpec, HarnessSpec, TaskSpec, TaskSuite
+from clawgym_env.specs import EnvOptions, EnvSpec, HarnessSpec, TaskSuite
 
 if TYPE_CHECKING:
     from clawgym_env.env import ClawGymEnv
+    from clawgym_env.runtime import Runtime
 
 
 class UnknownEnvironmentError(KeyError):
@@ -89,52 +90,30 @@ class Registry:
 registry = Registry()
 
 
-def register(
-    item: TaskSuite | HarnessSpec | EnvSpec | str | None = None,
-    /,
-    *,
-    name: str | None = None,
-    tasks: list[TaskSpec] | None = None,
-    loader: Callable[..., list[TaskSpec]] | str | None = None,
-    adapter: Callable[..., Any] | str | None = None,
-    api_style: ApiStyle | str | None = None,
-    suite: str | None = None,
-    harness: str | None = None,
-    **options: Any,
-) -> TaskSuite | HarnessSpec | EnvSpec:
-    """Register a task suite, a harness, or a (suite, harness) pair.
-
-    - `register(TaskSuite(...))` or `register(name="MySuite", tasks=[...])` / `loader=fn`: a suite,
-      paired with every harness.
-    - `register(HarnessSpec(...))` or `register(name="MyHarness", adapter=..., api_style=...)`: a harness.
-    - `register("MySuite-ClaudeCode", suite="MySuite", harness="ClaudeCode", **env_options)` or
-      `register(EnvSpec(...))`: one pair with its own default options.
-    A bad spec raises pydantic's ValidationError naming the field.
+def register(spec: TaskSuite | HarnessSpec | EnvSpec, /) -> TaskSuite | HarnessSpec | EnvSpec:
+    """Register a task suite (paired with every harness), a harness (paired with every suite), or one
+    (suite, harness) pair with its own default options: `register(TaskSuite(name=..., tasks=[...]))`,
+    `register(HarnessSpec(name=..., adapter=..., api_style=...))`, `register(EnvSpec(id=..., suite=...,
+    harness=..., options=...))`. A bad spec raises pydantic's ValidationError naming the field when it is made.
     """
-    if isinstance(item, TaskSuite):
-        return registry.register_suite(item)
-    if isinstance(item, HarnessSpec):
-        return registry.register_harness(item)
-    if isinstance(item, EnvSpec):
-        return registry.register_env(item)
-    if isinstance(item, str):
-        if suite is None or harness is None:
-            suite, _, harness = item.partition("-")
-        return registry.register_env(EnvSpec(id=item, suite=suite, harness=harness, options=EnvOptions(**options)))
-    if item is not None:
-        raise TypeError(f"register() takes a TaskSuite, HarnessSpec, EnvSpec or env id, not {type(item).__name__}")
-    if adapter is not None or api_style is not None:
-        return registry.register_harness(HarnessSpec(name=name, adapter=adapter, api_style=api_style, **options))
-    if tasks is not None or loader is not None:
-        return registry.register_suite(TaskSuite(name=name, tasks=tasks, loader=loader, **options))
+    if isinstance(spec, TaskSuite):
+        return registry.register_suite(spec)
+    if isinstance(spec, HarnessSpec):
+        return registry.register_harness(spec)
+    if isinstance(spec, EnvSpec):
+        return registry.register_env(spec)
     raise TypeError(
-        "register() needs a suite (name + tasks or loader), a harness (name + adapter + api_style) "
-        "or a pair (id + suite + harness)"
+        f"register() takes a TaskSuite, a HarnessSpec or an EnvSpec, not {type(spec).__name__}: e.g. "
+        "register(TaskSuite(name='MySuite', tasks=[...]))"
     )
 
 
-def make(env_id: str, **overrides: Any) -> ClawGymEnv:
-    """Build the environment `<Suite>-<Harness>`; keyword overrides update its EnvOptions."""
+def make(env_id: str, *, runtime: Runtime | None = None, **overrides: Any) -> ClawGymEnv:
+    """Build the environment `<Suite>-<Harness>`; keyword overrides update its EnvOptions.
+
+    runtime: the proxy, sandbox backend and event loop to run on, shared with other environments (a trainer's
+    or an evaluation's own `Runtime`); by default the process-wide one, started on first use.
+    """
     from clawgym_env.env import ClawGymEnv
 
     spec = registry.spec(env_id)
@@ -145,4 +124,5 @@ def make(env_id: str, **overrides: Any) -> ClawGymEnv:
         suite=registry.suites[spec.suite],
         harness=registry.harnesses[spec.harness],
         options=options,
+        runtime=runtime,
     )

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from clawgym_env.verifier_api import as_verifier
+
 DEFAULT_MOUNT_PATH = "/root/.openclaw/workspace"
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -110,8 +112,6 @@ class TaskSpec(BaseModel):
     @field_validator("verifier", mode="before")
     @classmethod
     def _coerce_verifier(cls, value: Any) -> Any:
-        from clawgym_env.interfaces import as_verifier
-
         return as_verifier(value)
 
     @field_validator("mount_path")

@@ -87,7 +87,7 @@ def rows_from_report(report: EvalReport, **fields: Any) -> list[EvidenceRow]:
 
 
 def rows_from_batch(batch: Any, step: int, **fields: Any) -> list[EvidenceRow]:
-    """A training step's rollouts (a `trainers.rollouts.RolloutBatch`) as evidence rows of phase "train"."""
+    """A training step's rollouts (a `trainers.rollout_batch.RolloutBatch`) as evidence rows of phase "train"."""
     rows = []
     infos = batch.infos or [{}] * len(batch.forests)
     for i, forest in enumerate(batch.forests):

@@ -23,6 +23,8 @@ from pydantic import BaseModel, Field
 from rich.console import Console, Group
 from rich.table import Table
 
+from evaluation.tables import category_table, env_table, harness_table, plot_report
+
 CI_METHOD = "percentile bootstrap over tasks (tasks resampled with all their repeats), 2000 resamples, 95%"
 N_RESAMPLES = 2000
 CI_LEVEL = 0.95
@@ -146,13 +148,9 @@ class EvalReport(SavedReport):
     commit: str | None = None  # the checkout's commit when the rollouts ran (evaluation.evidence.current_commit)
 
     def tables(self) -> list[Table]:
-        from evaluation.tables import category_table, env_table, harness_table  # tables import this module
-
         return [env_table(self), category_table(self), harness_table(self)]
 
     def _plot(self, path: Path) -> Path:
-        from evaluation.tables import plot_report
-
         return plot_report(self, path)
 
 

@@ -131,7 +131,6 @@ def evaluate(
     `ShardedProxy` of that many processes (for many rollouts at once; each shard logs under `run_dir/shard-K`).
     """
     import clawgym_env
-    from clawgym_env.env import ClawGymEnv
     from clawgym_env.runtime import Runtime
 
     if not env_ids:
@@ -158,8 +157,7 @@ def evaluate(
         jobs: list[tuple[Any, TaskSpec, int]] = []
         envs, env_tasks = [], []
         for env_id in env_ids:
-            base = clawgym_env.make(env_id, **overrides)
-            env = ClawGymEnv(base.env_spec, base.suite, base.harness, base.options, runtime=runtime)
+            env = clawgym_env.make(env_id, runtime=runtime, **overrides)
             tasks = select_tasks(env, level=level, count=count, seed=seed)
             envs.append(env)
             env_tasks.append(tasks)

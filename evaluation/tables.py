@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from rich.table import Table
 
-from evaluation.report import GroupStats, Interval
-
 if TYPE_CHECKING:
-    from evaluation.report import EvalReport
+    from evaluation.report import EvalReport, GroupStats, Interval
 
 
 def fmt_mean_ci(mean: float, ci: Interval | None) -> str:

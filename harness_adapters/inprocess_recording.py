@@ -1,9 +1,11 @@
 """Recording the white-box loop's in-process calls into the proxy's rollout, so `close_rollout` returns them.
 
-The white-box loop calls the engine directly (no HTTP), but its calls must land in the same durable CallLog
-and the same open rollout as a CLI harness's calls, so that `run_rollout` rebuilds them with the same
-`build_forest`. `ctx.record` wins when the caller supplied one; otherwise the running proxy
-(`ctx.extra["proxy"]`) records them with `ServingProxy.record_inprocess_call`.
+The white-box loop calls the engine directly (no HTTP), but its calls go through the proxy's call pipeline
+(`clawgym_env.proxy.pipeline`) like a CLI harness's: admitted under the same token budget
+(`ServingProxy.admit_in_process`), recorded in the same durable CallLog and open rollout with the same counters
+(`ServingProxy.record_inprocess_call`), and rebuilt by `run_rollout` with the same `build_forest`. `ctx.record`
+wins when the caller supplied one (then nothing is admitted); otherwise the running proxy (`ctx.extra["proxy"]`)
+does both.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from clawgym_env.interfaces import HarnessContext, RolloutLimits
+from clawgym_env.interfaces import HarnessContext, InProcessAdmission, RolloutLimits
 from clawgym_env.records import ModelCall
 
 
@@ -34,3 +36,12 @@ def recorder_for(ctx: HarnessContext) -> Callable[[ModelCall], None] | None:
         return None
     proxy.limits(ctx.rollout_id)  # fails now, with a clear message, if the rollout is not open
     return lambda call: proxy.record_inprocess_call(ctx.rollout_id, call)
+
+
+def admitter_for(ctx: HarnessContext) -> Callable[[list[int]], InProcessAdmission] | None:
+    """A function that asks the proxy for the token budget of the next call from a prompt, or None (no proxy,
+    or the caller records the calls itself)."""
+    proxy = _proxy(ctx)
+    if ctx.record is not None or proxy is None:
+        return None
+    return lambda prompt_ids: proxy.admit_in_process(ctx.rollout_id, prompt_ids)

@@ -83,6 +83,14 @@ class ToolError(Exception):
     """A tool call the agent got wrong; its message is shown to the model as the tool result."""
 
 
+class BudgetRefused(Exception):
+    """The proxy refused the next call (the rollout's token budget, or the policy's context): the episode ends."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.kind = why.split(":", 1)[0]
+
+
 class SandboxToolbox:
     """The white-box loop's tools, executed inside the rollout's sandbox."""
 
@@ -211,12 +219,14 @@ class WhiteBoxEpisode:
         instruction: str,
         rollout_id: str,
         record: Callable[[ModelCall], None] | None = None,
+        admit: Callable[[list[int]], Any] | None = None,
         system_prompt: str = SYSTEM_PROMPT,
     ) -> None:
         self.renderer = renderer
         self.toolbox = toolbox
         self.rollout_id = rollout_id
         self.record = record
+        self.admit = admit  # the proxy's token budget for a prompt (InProcessAdmission), when it records
         self.messages: list[Message] = [
             Message("system", system_prompt.format(workspace=toolbox.workspace)),
             Message("user", instruction),
@@ -275,10 +285,16 @@ class WhiteBoxEpisode:
         return results
 
     async def model_turn(self, engine: Any, sampling: SamplingParams) -> tuple[Message, ParsedOutput, ModelCall]:
-        """One model call: render, generate in-process, record the ModelCall, append the turn."""
+        """One model call: render, ask the proxy's budget, generate in-process, record the ModelCall, append the
+        turn. Raises BudgetRefused when the proxy refuses the prompt (recorded there as a failed call)."""
         received = time.time()
         t0 = time.perf_counter()
         rendered = self.prompt()
+        if self.admit is not None:
+            admission = self.admit(list(rendered.prompt_ids))
+            if admission.refused is not None:
+                raise BudgetRefused(admission.refused)
+            sampling = sampling.model_copy(update={"max_tokens": min(sampling.max_tokens, admission.max_new_tokens)})
         t1 = time.perf_counter()
         generation = await engine.generate(rendered.prompt_ids, sampling)
         t2 = time.perf_counter()
@@ -351,7 +367,7 @@ class WhiteBoxAdapter:
     async def run(self, ctx: HarnessContext) -> HarnessResult:
         import asyncio
 
-        from harness_adapters.inprocess_recording import recorder_for, rollout_limits
+        from harness_adapters.inprocess_recording import admitter_for, recorder_for, rollout_limits
 
         if ctx.policy is None:
             raise ValueError(
@@ -365,6 +381,7 @@ class WhiteBoxAdapter:
             instruction=ctx.task.instruction,
             rollout_id=ctx.rollout_id,
             record=recorder_for(ctx),
+            admit=admitter_for(ctx),
             system_prompt=self.system_prompt,
         )
         limits = rollout_limits(ctx)
@@ -391,11 +408,14 @@ class WhiteBoxAdapter:
                 results = await episode.run_tools(message)
                 events.extend({"type": "tool_result", "content": r.content[:2000]} for r in results)
 
+        stopped_at_budget = None
         try:
             await asyncio.wait_for(loop(), timeout=ctx.timeout_s)
         except TimeoutError:
             timed_out, error = True, f"WhiteBox ran past its {ctx.timeout_s:.0f} s limit"
-        stopped_at_budget = None
+        except BudgetRefused as refused:
+            error = f"WhiteBox stopped: the proxy refused its next call ({refused})"
+            stopped_at_budget = "token_cap" if refused.kind == "token_cap" else None
         if not episode.done and error is None:
             error = f"WhiteBox reached its turn cap ({max_turns}) without a final answer"
             if limits and max_turns == limits.max_calls:

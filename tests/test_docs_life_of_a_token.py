@@ -37,6 +37,7 @@ def test_the_page_names_the_whole_path():
     assert len(names) >= 30
     for stage in (
         "ServingProxy._generation_call",
+        "CallPipeline.run",
         "ModelCall",
         "build_forest",
         "pack_forests",

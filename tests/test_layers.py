@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -33,11 +34,20 @@ def modules(package: str) -> list[tuple[str, Path]]:
     return found
 
 
-def imported_names(module: str, path: Path) -> list[tuple[int, str]]:
-    """(line, absolute dotted name) of everything `path` imports; relative imports resolved."""
+def imported_names(module: str, path: Path, *, runtime_only: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute dotted name) of everything `path` imports; relative imports resolved. `runtime_only`
+    leaves out the imports under `if TYPE_CHECKING:`, which never run."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only: set[int] = set()
+    if runtime_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                typing_only |= {id(n) for child in node.body for n in ast.walk(child)}
     names = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -49,12 +59,12 @@ def imported_names(module: str, path: Path) -> list[tuple[int, str]]:
     return names
 
 
-def our_imports() -> list[tuple[str, Path, int, str]]:
+def our_imports(*, runtime_only: bool = False) -> list[tuple[str, Path, int, str]]:
     """(importing module, its file, line, imported name) for every import of one of our packages."""
     edges = []
     for package in LAYERS:
         for module, path in modules(package):
-            for line, name in imported_names(module, path):
+            for line, name in imported_names(module, path, runtime_only=runtime_only):
                 if name.split(".")[0] in RANK:
                     edges.append((module, path, line, name))
     return edges
@@ -129,6 +139,47 @@ def test_no_import_cycles_between_packages():
             siblings[source].add(target)
     assert strongly_connected(layers) == []
     assert strongly_connected(siblings) == []
+
+
+def module_graph(edges: list[tuple[str, Path, int, str]]) -> dict[str, set[str]]:
+    """Module -> the modules it imports (`from pkg import name` counts as importing `pkg.name` when that is a
+    module, else `pkg`). A module's import of its own parent package is left out: Python runs the parent's
+    `__init__` before any of its modules anyway, so that edge says nothing about the order of the two."""
+    known = {module for package in LAYERS for module, _ in modules(package)}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, _, _, name in edges:
+        target = name if name in known else name.rpartition(".")[0]
+        if target not in known or target == module or (name == target and module.startswith(target + ".")):
+            continue
+        graph[module].add(target)
+    return graph
+
+
+def test_no_import_cycles_between_modules():
+    """Inside a package too, imports deferred into functions included: two modules that import each other
+    cannot be read, tested or changed one at a time, and a deferred import only hides the loop. (Imports under
+    `if TYPE_CHECKING:` never run and are left out.)"""
+    cycles = strongly_connected(module_graph(our_imports(runtime_only=True)))
+    assert not cycles, "modules that import each other (move what both need into a third):\n" + "\n".join(
+        " <-> ".join(sorted(cycle)) for cycle in cycles
+    )
+
+
+def test_module_cycles_are_seen_inside_functions_and_not_under_type_checking(tmp_path, monkeypatch):
+    """The check above can fail on a deferred import, and is not fooled by a typing-only one."""
+    package = tmp_path / "clawgym_env"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from clawgym_env.b import f\n")
+    (package / "b.py").write_text("def f():\n    from clawgym_env import a\n")
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clawgym_env.a import x\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LAYERS", ("clawgym_env",))
+    graph = module_graph(our_imports(runtime_only=True))
+    assert strongly_connected(graph) == [{"clawgym_env.a", "clawgym_env.b"}]
+    assert "clawgym_env.c" not in graph
 
 
 def test_cycle_finder_finds_a_cycle():

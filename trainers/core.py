@@ -32,7 +32,7 @@ from clawgym_env.trajectory.packing import tree_logprobs
 from trainers import distributed as D
 from trainers.losses import LossParts, MetricSums, PolicyLossConfig
 from trainers.model import export_adapter, export_weights, load_trainable_state
-from trainers.rollouts import RolloutBatch
+from trainers.rollout_batch import RolloutBatch
 from trainers.tree_batch import TreeBatch
 from trainers.tree_forward import Critic
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from clawgym_env.trajectory import TrajectoryForest
 from trainers.losses import LossParts, MetricSums, PolicyLossConfig, policy_loss
-from trainers.rollouts import RolloutBatch
+from trainers.rollout_batch import RolloutBatch
 from trainers.tree_batch import TreeBatch, build_micro_batches
 
 

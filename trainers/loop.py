@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from clawgym_env.interfaces import ClosableEngine, ReportingEngine
 from evaluation.evidence import (
     UNTRAINED,
     EvidenceLog,
@@ -44,8 +45,8 @@ from trainers.metrics_log import MetricsLogger, console
 from trainers.model import apply_lora, enable_gradient_checkpointing, frozen_copy, load_model, plain_copy
 from trainers.plots import plot_metrics
 from trainers.ppo import PPO, PPOConfig
+from trainers.rollout_batch import RolloutBatch
 from trainers.rollout_producer import RolloutProducer
-from trainers.rollouts import RolloutBatch
 from trainers.staleness import apply_staleness
 from trainers.tree_forward import Critic, unwrap
 
@@ -96,7 +97,6 @@ def build_envs(cfg: TrainConfig, runtime: Any, split: str, *, evaluation: bool =
     if evaluation and cfg.eval.temperature is not None:
         temperature = cfg.eval.temperature
     import clawgym_env
-    from clawgym_env.env import ClawGymEnv
 
     envs = []
     for env_id in cfg.env.ids:
@@ -104,8 +104,7 @@ def build_envs(cfg: TrainConfig, runtime: Any, split: str, *, evaluation: bool =
         overrides.update(
             split=split, backend=cfg.sandbox.backend, backend_options=cfg.sandbox.options, temperature=temperature
         )
-        template = clawgym_env.make(env_id, **overrides)
-        envs.append(ClawGymEnv(template.env_spec, template.suite, template.harness, template.options, runtime=runtime))
+        envs.append(clawgym_env.make(env_id, runtime=runtime, **overrides))
     return envs
 
 
@@ -515,7 +514,7 @@ def build_rollout_side(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any,
         }
     except BaseException:
         runtime.close()
-        if hasattr(engine, "close"):
+        if isinstance(engine, ClosableEngine):
             engine.close()
         raise
 
@@ -690,7 +689,7 @@ def finish(run: Run) -> dict[str, Any]:
     """Failure counts (and the proxy's and the server pool's counts) into the summary; final plot and summary.json."""
     run.summary["failures"] = run.runtime.failures.as_dict() if run.runtime is not None else {}
     run.summary["proxy"] = run.runtime.proxy_report() if run.runtime is not None else None  # shards, guards
-    if hasattr(run.engine, "report"):  # the vLLM server pool: calls per server, lost servers, weight updates
+    if isinstance(run.engine, ReportingEngine):  # the vLLM server pool: calls per server, lost servers, weight updates
         run.summary["engine"] = run.engine.report()
     if run.main_rank:
         if run.logger.path.is_file():
@@ -706,7 +705,7 @@ def close(run: Run) -> None:
     """Close the logger, the engine (servers it started stop) and the runtime (proxy, sandboxes); idempotent."""
     run.logger.close()
     engine, run.engine = run.engine, None
-    if engine is not None and hasattr(engine, "close"):
+    if isinstance(engine, ClosableEngine):
         engine.close()
     runtime, run.runtime = run.runtime, None
     if runtime is not None:

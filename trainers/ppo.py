@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 
 from trainers.losses import LossParts, PolicyLossConfig, policy_loss
-from trainers.rollouts import RolloutBatch
+from trainers.rollout_batch import RolloutBatch
 from trainers.tree_batch import TreeBatch, build_micro_batches
 from trainers.tree_forward import Critic
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.rollouts import RolloutBatch
+from trainers.rollout_batch import RolloutBatch
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from clawgym_env.trajectory import TrajectoryForest
-from trainers.rollouts import RolloutBatch
+from trainers.rollout_batch import RolloutBatch
 
 
 def oldest_version(forest: TrajectoryForest) -> int | None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from clawgym_env.trajectory.packing import tree_logprobs
-from trainers.rollouts import RolloutBatch
+from trainers.rollout_batch import RolloutBatch
 from trainers.tree_batch import build_micro_batches
 
 

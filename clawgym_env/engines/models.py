@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.engines.cache import build_once, cache_root, offline_hub
-from clawgym_env.engines.fetch import (
+from clawgym_env.engines.model_wheels import (
     QWEN25_CODER_WHEELS,
     SMOLLM2_WHEEL,
     ModelUnavailable,

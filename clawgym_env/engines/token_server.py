@@ -25,7 +25,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from clawgym_env.engines.streaming import stream_tokens
+from clawgym_env.engines.token_stream import stream_tokens
 from clawgym_env.interfaces import InferenceEngine, SamplingParams
 
 

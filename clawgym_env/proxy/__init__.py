@@ -2,7 +2,7 @@
 
 from clawgym_env.proxy.guards import GuardStats, ProxyGuards
 from clawgym_env.proxy.renderers import ChatMLRenderer, Renderer, TemplateMismatch
-from clawgym_env.proxy.rollouts import RolloutStats
+from clawgym_env.proxy.rollout_state import RolloutStats
 from clawgym_env.proxy.server import ServingProxy
 from clawgym_env.proxy.shards import ShardedProxy
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from clawgym_env.engines.streaming import can_abort, generate, stream_tokens
+from clawgym_env.engines.token_stream import can_abort, generate, stream_tokens
 from clawgym_env.interfaces import Generation, Policy, SamplingParams, TokenChunk
 
 log = logging.getLogger(__name__)

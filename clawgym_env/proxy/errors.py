@@ -8,9 +8,12 @@ harness surfaces the failure quickly.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from clawgym_env.specs import ApiStyle
+
+if TYPE_CHECKING:
+    from clawgym_env.interfaces import Generation
 
 ErrorKind = Literal[
     "invalid_request",  # malformed body, unsupported feature
@@ -65,13 +68,27 @@ _OPENAI_CODE = {
 
 
 class ProxyError(Exception):
-    """A failure answered to the harness; `param` names the offending request field where there is one."""
+    """A failure answered to the harness; `param` names the offending request field where there is one.
 
-    def __init__(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
+    generation: what the engine generated before the failure (kept on the call's record). request: what the
+    record keeps instead of a request that was refused before it was read (`{"_omitted": why}`).
+    """
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        param: str | None = None,
+        *,
+        generation: Generation | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.param = param
+        self.generation = generation
+        self.request = request
 
     @property
     def status(self) -> int:

@@ -26,7 +26,15 @@ from clawgym_env.proxy.engine_hub import HubEngine, HubLink
 from clawgym_env.specs import resolve_callable
 
 # what a shard's control thread may call on its ServingProxy (anything else is refused)
-SHARD_METHODS = ("close_rollout", "stats", "calls", "record_inprocess_call", "guard_stats", "table_sizes")
+SHARD_METHODS = (
+    "close_rollout",
+    "stats",
+    "calls",
+    "admit_in_process",
+    "record_inprocess_call",
+    "guard_stats",
+    "table_sizes",
+)
 # what it may call on a policy's engine when the shard runs its own client of it (`follower_engine`)
 FOLLOWER_METHODS = ("hold", "release", "report")
 

@@ -34,12 +34,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.engines.streaming import can_abort
-from clawgym_env.interfaces import Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
+from clawgym_env.engines.token_stream import can_abort
+from clawgym_env.interfaces import InProcessAdmission, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
 from clawgym_env.proxy.engine_hub import EngineHub
 from clawgym_env.proxy.guards import GuardStats
 from clawgym_env.proxy.renderers.base import check_renderer_fits_engine
-from clawgym_env.proxy.rollouts import RolloutStats
+from clawgym_env.proxy.rollout_state import RolloutStats
 from clawgym_env.proxy.shard_handle import Answer, Shard, ShardLost
 from clawgym_env.records import ModelCall, read_calls
 
@@ -360,6 +360,9 @@ class ShardedProxy:
 
     def calls(self, rollout_id: str) -> list[ModelCall]:
         return self._call(self._shard_of(rollout_id), "calls", rollout_id)
+
+    def admit_in_process(self, rollout_id: str, prompt_ids: list[int]) -> InProcessAdmission:
+        return self._call(self._shard_of(rollout_id), "admit_in_process", rollout_id, prompt_ids)
 
     def record_inprocess_call(self, rollout_id: str, call: ModelCall) -> ModelCall:
         return self._call(self._shard_of(rollout_id), "record_inprocess_call", rollout_id, call)

@@ -16,7 +16,7 @@ BACKENDS = ("local", "daytona")
 def make_backend(name: str, **options: Any) -> SandboxBackend:
     """Build a sandbox backend by name; `options` go to its constructor."""
     if name == "local":
-        from clawgym_env.sandbox.local import LocalSandboxBackend
+        from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 
         return LocalSandboxBackend(**options)
     if name == "daytona":

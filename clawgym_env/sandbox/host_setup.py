@@ -98,7 +98,7 @@ def _probe(bwrap: str, python: str) -> str | None:
     )
 
 
-def _choose_init(init: str) -> Path | None:
+def choose_init(init: str) -> Path | None:
     """The C init binary for "auto"/"c", or None for the Python init."""
     if init not in ("auto", "c", "python"):
         raise ValueError(f"init must be 'auto', 'c' or 'python', got {init!r}")

@@ -15,6 +15,7 @@ import psutil
 
 from clawgym_env.sandbox.cgroups import SandboxCgroup
 from clawgym_env.sandbox.host_files import remove_tree, unmount_workspace
+from clawgym_env.sandbox.host_setup import default_root
 
 
 def reap_leftovers(root: Path | str | None = None, *, min_age_s: float = 60.0) -> list[str]:
@@ -24,8 +25,6 @@ def reap_leftovers(root: Path | str | None = None, *, min_age_s: float = 60.0) -
     started later). Folders without a state file are removed once older than `min_age_s` (a crash during
     create). Returns the ids removed.
     """
-    from clawgym_env.sandbox.local import default_root
-
     root = Path(root or default_root())
     if not root.is_dir():
         return []

@@ -17,7 +17,7 @@ def sandbox_python_argv() -> list[str]:
     the system python3 (visible read-only) with the venv's site-packages on PYTHONPATH. `env` sets it, since
     some harnesses (OpenClaw) strip interpreter variables from an MCP server's own `env` block.
     """
-    from clawgym_env.sandbox.local import default_python
+    from clawgym_env.sandbox.local_backend import default_python
 
     python = default_python()
     site = sysconfig.get_paths()["purelib"]

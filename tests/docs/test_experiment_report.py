@@ -78,4 +78,28 @@ def test_published_files_are_readable_with_the_standard_library() -> None:
         if path.name.endswith("_steps.jsonl.gz"):  # a benchmark's per-step timings, not rollouts
             assert '"arm"' in first and '"step_s"' in first, path
             continue
+        if path.name == "proxy_ab.jsonl.gz":  # a speed benchmark: one figure per checkout and round
+            assert '"side"' in first and '"figure"' in first and '"value"' in first, path
+            continue
         assert '"arm"' in first and '"reward"' in first, path
+
+
+def test_the_proxy_ab_table_gives_medians_and_ratios() -> None:
+    from benchmarks.proxy_ab import ab_table
+
+    rows = [
+        {
+            "side": side,
+            "commit": side[:1],
+            "round": r,
+            "figure": "handler_us_4_calls",
+            "value": v,
+            "load": 1.0,
+            "cpu": "x",
+        }
+        for side, values in (("before", [300, 310, 290]), ("after", [330, 320, 600]))
+        for r, v in enumerate(values)
+    ]
+    table = ab_table(rows)
+    assert "| handler CPU per call, 4-call rollouts (µs) | 300.00 | 330.00 | 1.10 |" in table
+    assert "Medians of 3 alternated rounds" in table and "calls per proxy" not in table

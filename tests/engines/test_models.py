@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from clawgym_env.engines import models
-from clawgym_env.engines.fetch import ModelUnavailable, ensure_wheels
+from clawgym_env.engines.model_wheels import ModelUnavailable, ensure_wheels
 
 
 def test_tiny_qwen3_is_deterministic_from_seed(tmp_path, tiny_model):
@@ -42,7 +42,7 @@ def test_assemble_verified_accepts_right_hash_and_refuses_corruption(tmp_path):
 
 def test_missing_wheels_name_the_setup_command(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "ensure_wheels", ensure_wheels)
-    monkeypatch.setattr("clawgym_env.engines.fetch.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("clawgym_env.engines.model_wheels.importlib.util.find_spec", lambda name: None)
     with pytest.raises(ModelUnavailable, match=r"clawgym_env.engines.fetch smollm2-135m"):
         models.ensure_model("smollm2-135m", cache_dir=tmp_path)
 
@@ -61,9 +61,9 @@ def test_load_by_path_equals_load_by_name(tiny_model):
 
 
 def test_fetch_cli_pins_hashes_and_refuses_unknown_models(capsys):
-    from clawgym_env.engines import fetch
+    from clawgym_env.engines import fetch, model_wheels
 
-    assert all(w.requirement.startswith(f"{w.name}==0.9.0 --hash=sha256:") for w in fetch.QWEN25_CODER_WHEELS)
+    assert all(w.requirement.startswith(f"{w.name}==0.9.0 --hash=sha256:") for w in model_wheels.QWEN25_CODER_WHEELS)
     with pytest.raises(SystemExit):
         fetch.main(["gpt-7"])
     assert "unknown model(s) gpt-7" in capsys.readouterr().err

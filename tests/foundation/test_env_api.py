@@ -26,6 +26,21 @@ def user_env():
     return clawgym_env.make("UserApi-WhiteBox")
 
 
+def test_make_runs_on_the_runtime_it_is_given(user_env, tmp_path):
+    """Environments made with one Runtime share its proxy and sandboxes (a trainer's, an evaluation's); without
+    one they use the process-wide default."""
+    from clawgym_env.runtime import Runtime
+
+    runtime = Runtime(tmp_path / "run")
+    try:
+        envs = [clawgym_env.make("UserApi-WhiteBox", runtime=runtime, split="test") for _ in range(2)]
+        assert all(env.runtime is runtime for env in envs)
+        assert envs[0].options.split == "test"  # the other keywords still override the env's options
+        assert user_env.runtime is not runtime
+    finally:
+        runtime.close()
+
+
 def test_reset_is_deterministic_in_the_seed(user_env):
     picks = {user_env.reset(seed=s)[0]["task_id"] for s in range(20)}
     assert len(picks) > 1  # different seeds pick different instances

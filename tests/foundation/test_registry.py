@@ -83,7 +83,15 @@ def test_register_suite_pairs_with_every_harness():
 
 def test_register_pair_needs_known_parts():
     with pytest.raises(UnknownEnvironmentError, match="suite 'Nope'"):
-        clawgym_env.register("Nope-ClaudeCode")
+        clawgym_env.register(EnvSpec(id="Nope-ClaudeCode", suite="Nope", harness="ClaudeCode"))
+
+
+@pytest.mark.parametrize("wrong", ["Nope-ClaudeCode", {"name": "S", "tasks": []}, None])
+def test_register_takes_one_form_a_spec(wrong):
+    with pytest.raises(TypeError, match="takes a TaskSuite, a HarnessSpec or an EnvSpec"):
+        clawgym_env.register(wrong)
+    with pytest.raises(TypeError):
+        clawgym_env.register(name="S", tasks=[_task()])  # the keyword forms are gone: build the spec
 
 
 def test_suite_and_harness_names_reject_dashes():

@@ -61,6 +61,50 @@ async def test_whitebox_stopped_at_the_call_cap_is_scored_like_a_cli_harness(sco
         assert result.status == "failed" and result.truncated_by is None and "turn cap (2)" in result.failure.reason
 
 
+async def test_whitebox_calls_spend_the_rollout_token_budget_as_http_calls_do() -> None:
+    """The white-box loop's calls go through the proxy's call pipeline: each spends its new prompt tokens (beyond
+    the previous call's full ids) plus its generated tokens of the rollout's budget, as a harness's HTTP call."""
+    completions = [tool_call("bash", {"command": "cat notes.md"}), write_call("WhiteBox", "42"), FINAL]
+    stats: list = []
+    result = await one_rollout(WhiteBoxAdapter(), scripted_policy(completions), proxy_stats=stats)
+    assert result.status == "ok", result.failure
+    expected, previous = 0, []
+    for call in result.calls:
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(call.prompt_ids, previous)) if a != b),
+            min(len(previous), len(call.prompt_ids)),
+        )
+        expected += len(call.prompt_ids) - shared + len(call.generated_ids)
+        previous = call.full_ids
+    (rollout,) = stats
+    assert rollout.new_tokens == expected > 0
+    assert rollout.completed_calls == 3 and rollout.prefix_extended == 2
+
+
+@pytest.mark.parametrize("score_capped", [False, True])
+async def test_whitebox_stops_at_the_rollout_token_budget_like_a_cli_harness(score_capped: bool) -> None:
+    """With a budget the first call alone nearly spends, the proxy refuses the second call before it is
+    generated (recorded as token_cap, as over HTTP), and the rollout is scored like a CLI harness's."""
+    calls = [write_call("WhiteBox", "42"), tool_call("bash", {"command": "true"}), FINAL]
+    probe = await one_rollout(WhiteBoxAdapter(), scripted_policy(calls[:1] + [FINAL]))
+    budget = len(probe.calls[0].full_ids) + 1  # the first call fits; the second call's new prompt does not
+    stats: list = []
+    result = await one_rollout(
+        WhiteBoxAdapter(),
+        scripted_policy(calls),
+        max_rollout_tokens=budget,
+        score_capped=score_capped,
+        proxy_stats=stats,
+    )
+    assert stats[0].error_kinds == {"token_cap": 1} and stats[0].completed_calls == 1
+    refused = result.calls[-1]
+    assert refused.error is not None and refused.error.startswith("token_cap") and not refused.generated_ids
+    if score_capped:
+        assert (result.status, result.truncated_by, result.reward) == ("ok", "token_cap", 1.0), result.failure
+    else:
+        assert result.status == "failed" and "refused its next call (token_cap" in result.failure.reason
+
+
 async def test_whitebox_bad_tool_calls_come_back_as_error_text() -> None:
     completions = [
         tool_call("read", {"path": "missing.txt"}),

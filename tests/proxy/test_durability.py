@@ -94,7 +94,7 @@ async def test_proxy_with_fsync_answers_only_synced_calls_and_batches_them(tmp_p
     an fsync before the answer arrived (its line number <= `synced` then), with fewer fsyncs than calls."""
     policy = scripted_policy(lambda _p: tagged("write", {"path": "a.txt", "content": "1"}))
     async with ServingProxy(tmp_path / "run", port=0, unix_socket=None, fsync=True) as proxy:
-        assert proxy._group is not None
+        assert proxy.recorder.group is not None
         routes = [proxy.open_rollout(f"f{i}", policy, RolloutLimits(max_calls=8)) for i in range(16)]
         checked = 0
 
@@ -116,11 +116,11 @@ async def test_proxy_with_fsync_answers_only_synced_calls_and_batches_them(tmp_p
                     for n, line in enumerate(lines, 1)
                     if (r := orjson.loads(line))["rollout_id"] == route.rollout_id and r["call_index"] == i
                 )
-                assert proxy._group.synced >= at
+                assert proxy.recorder.group.synced >= at
                 checked += 1
 
         async with httpx.AsyncClient(base_url=proxy.origin, timeout=30) as client:
             await asyncio.gather(*(rollout(client, r) for r in routes))
         assert checked == 48
-        assert proxy._group.synced == proxy._group.written == 48
-        assert proxy._group.fsyncs < 48
+        assert proxy.recorder.group.synced == proxy.recorder.group.written == 48
+        assert proxy.recorder.group.fsyncs < 48

@@ -24,7 +24,7 @@ import pytest
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.transformers_engine import TransformersEngine
 from clawgym_env.interfaces import Policy, RolloutLimits
-from clawgym_env.proxy.streaming import StreamSplitter
+from clawgym_env.proxy.live_stream import StreamSplitter
 from tests.proxy.conftest import LS_SCHEMA, WRITE_SCHEMA, tagged
 
 TOKENS = 64
@@ -424,7 +424,7 @@ async def test_keepalive_ticks_wait_for_the_first_tokens(tokenizer):
     """The first `next()` is the engine's first tokens even when prefill outlasts several ticks: the proxy
     answers a failure before them like a non-streamed call, so nothing may start the stream early."""
     from clawgym_env.interfaces import SamplingParams
-    from clawgym_env.proxy.streaming import TokenFeed
+    from clawgym_env.proxy.live_stream import TokenFeed
 
     class SlowStart(ScriptedTestEngine):  # a test double whose prefill takes 0.3 s
         async def stream(self, prompt_ids, sampling, *, request_id=None):
@@ -452,7 +452,7 @@ async def test_paced_feed_sends_fewer_larger_chunks_but_never_holds_back_the_fir
     """`min_gap_s`: tokens decoded 10 ms apart go out at most every 50 ms after the first hand-out, all of
     them, in order; the first tokens and the final chunk go out as soon as the engine yields them."""
     from clawgym_env.interfaces import SamplingParams
-    from clawgym_env.proxy.streaming import TokenFeed
+    from clawgym_env.proxy.live_stream import TokenFeed
 
     class Timed(ScriptedTestEngine):  # a test double that notes when it yields the final chunk
         async def stream(self, prompt_ids, sampling, *, request_id=None):
@@ -505,7 +505,7 @@ async def test_calls_on_one_connection_share_its_lost_future_and_only_the_curren
     call must leave it as it was (not cancelled, no wake-up of a closed feed), and when the connection goes
     the call then in progress stops as disconnected, with the ids generated so far."""
     from clawgym_env.interfaces import SamplingParams
-    from clawgym_env.proxy.streaming import StreamStopped, TokenFeed
+    from clawgym_env.proxy.live_stream import StreamStopped, TokenFeed
 
     async def unused_receive() -> dict[str, Any]:
         raise AssertionError("with a lost future the feed must not read receive()")
@@ -537,7 +537,7 @@ def test_the_hazard_search_finds_what_a_character_by_character_scan_finds():
     """`_first_hazard` searches with `str.find` and a regex; a plain scan of every character is the reference."""
     import random
 
-    from clawgym_env.proxy.streaming import MARKERS, _first_hazard
+    from clawgym_env.proxy.live_stream import MARKERS, _first_hazard
 
     def scan(body: str, lead: int, since: int) -> int | None:
         found = [i for i in (body.find(m, since) for m in MARKERS) if i >= 0]

@@ -17,7 +17,7 @@ import pytest
 from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
 from clawgym_env.proxy.renderers import ChatMLRenderer
 from clawgym_env.proxy.renderers.chatml import RenderResume
-from clawgym_env.proxy.rollouts import RESUMES_KEPT, RolloutState, RolloutStats
+from clawgym_env.proxy.rollout_state import RESUMES_KEPT, RolloutState, RolloutStats
 from clawgym_env.proxy.splice import GenerationMemory
 
 LIST_DIR = {"name": "list_dir", "arguments": {"path": "/work"}}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import httpx
 
-from clawgym_env.proxy.rollouts import RolloutState, RolloutStats
+from clawgym_env.proxy.rollout_state import RolloutState, RolloutStats
 from clawgym_env.records import ModelCall, PrefixCheck
 from tests.proxy.test_splicing_http import SCHEMA, SYSTEM, TAGGED, TASK, chat_loop
 

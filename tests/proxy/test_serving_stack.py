@@ -19,5 +19,5 @@ async def test_a_temporary_stack_hides_its_run_dir_and_leaves_nothing(tmp_path):
 
 async def test_a_given_run_dir_is_kept_with_its_call_log(tmp_path):
     async with serving_stack(tmp_path / "run", engine_timeout_s=0.5, keep_closed=4) as stack:
-        assert stack.proxy.engine_timeout_s == 0.5 and stack.proxy.keep_closed == 4
+        assert stack.proxy.pipeline.engine_timeout_s == 0.5 and stack.proxy.keep_closed == 4
     assert (tmp_path / "run" / "calls.jsonl").exists()

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from clawgym_env.proxy.rollouts import RolloutStats
+from clawgym_env.proxy.rollout_state import RolloutStats
 from clawgym_env.specs import DEFAULT_MOUNT_PATH
 from harness_adapters.base import HarnessInstall
 from harness_adapters.claude_code import ClaudeCodeAdapter

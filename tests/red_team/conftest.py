@@ -9,7 +9,7 @@ import pytest
 
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.proxy import ChatMLRenderer
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 
 
 @pytest.fixture

@@ -331,7 +331,7 @@ print(closed, flush=True)
 
 
 async def test_idle_connections_from_one_sandbox_do_not_starve_another_rollout(tmp_path, tokenizer):
-    from clawgym_env.sandbox.local import LocalSandboxBackend
+    from clawgym_env.sandbox.local_backend import LocalSandboxBackend
     from clawgym_env.specs import TaskSpec
 
     script = tmp_path / "script.json"

@@ -32,7 +32,7 @@ import pytest
 
 from clawgym_env.interfaces import SandboxLimits, VerifyContext
 from clawgym_env.rollout import verify_stage
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.specs import EnvOptions, TaskSpec, WorkspaceSpec
 from verifiers.files import AnswerMatches, FileChecksVerifier, TextMatches
 from verifiers.script import ScriptVerifier

@@ -21,7 +21,7 @@ import pytest
 
 from clawgym_env.interfaces import ProxyEndpoint
 from clawgym_env.rollout import verify_stage
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.specs import EnvOptions, TaskSpec, WorkspaceSpec
 from task_suites import clawgymbench
 from verifiers.script import ScriptVerifier

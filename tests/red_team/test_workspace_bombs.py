@@ -30,8 +30,8 @@ import pytest
 
 from clawgym_env.interfaces import SandboxLimits
 from clawgym_env.rollout import verify_stage
-from clawgym_env.sandbox import bubblewrap_sandbox, host_files
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox import host_files, local_sandbox
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.specs import EnvOptions, TaskSpec, WorkspaceSpec
 from tests.red_team.loop_lag import LoopLag
 from verifiers.script import ScriptVerifier
@@ -115,7 +115,7 @@ async def test_thousands_of_nested_folders_neither_raise_nor_stay_on_the_host(
     sandbox_root: Path, backend: LocalSandboxBackend, host_tmp: Path, monkeypatch: pytest.MonkeyPatch, workspace: str
 ) -> None:
     if workspace == "host folder":  # as where the host cannot mount: the tree is on host disk until removal
-        monkeypatch.setattr(bubblewrap_sandbox, "mount_workspace", lambda path, size_mb: False)
+        monkeypatch.setattr(local_sandbox, "mount_workspace", lambda path, size_mb: False)
     measured: dict = {}
     task = make_task(measuring_verifier(measured))
     async with await backend.create(task) as box:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import clawgym_env
+from clawgym_env import TaskSuite
 from clawgym_env.registry import registry
 from tests.reliability import doubles
 
@@ -43,7 +44,7 @@ def registered() -> None:
     if doubles.HARNESS_NAME not in registry.harnesses:
         clawgym_env.register(doubles.harness_spec())
     if doubles.SUITE_NAME not in registry.suites:
-        clawgym_env.register(name=doubles.SUITE_NAME, tasks=[doubles.fault_task("ok", i) for i in range(4)])
+        clawgym_env.register(TaskSuite(name=doubles.SUITE_NAME, tasks=[doubles.fault_task("ok", i) for i in range(4)]))
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.sandbox.native_init import find_compiler
 from clawgym_env.specs import TaskSpec
 

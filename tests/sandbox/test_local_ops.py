@@ -15,7 +15,7 @@ import pytest
 
 from clawgym_env.interfaces import Sandbox, SandboxBackend, SandboxUnavailable
 from clawgym_env.sandbox import make_backend
-from clawgym_env.sandbox.local import LocalSandboxBackend, SandboxError, reap_leftovers
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend, SandboxError, reap_leftovers
 from clawgym_env.specs import WorkspaceSpec
 from tests.sandbox.conftest import make_task
 
@@ -250,7 +250,7 @@ async def test_many_concurrent_sandboxes(backend: LocalSandboxBackend) -> None:
 SCRIPT_THAT_CRASHES = """
 import asyncio, os, sys
 sys.path.insert(0, {repo!r})
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.specs import TaskSpec
 async def main():
     backend = LocalSandboxBackend(root={root!r})

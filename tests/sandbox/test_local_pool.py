@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.interfaces import SandboxLimits
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from tests.sandbox.conftest import make_task
 
 pytestmark = pytest.mark.usefixtures("sandbox_init")  # every test with the C and the Python init

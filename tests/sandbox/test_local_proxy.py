@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from clawgym_env.interfaces import ProxyEndpoint
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from tests.sandbox.conftest import make_task
 
 pytestmark = pytest.mark.usefixtures("sandbox_init")  # every test with the C and the Python init

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.interfaces import SandboxLimits
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.sandbox.workspace import WorkspacePathError
 from clawgym_env.specs import WorkspaceSpec
 from tests.sandbox.conftest import make_task

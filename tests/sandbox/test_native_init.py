@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.interfaces import SandboxUnavailable
-from clawgym_env.sandbox.local import LocalSandboxBackend
+from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 from clawgym_env.sandbox.native_init import build_init, find_compiler
 from tests.sandbox.conftest import make_task
 

@@ -20,7 +20,7 @@ from trainers import distributed as D
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO
 from trainers.model import export_weights
-from trainers.synthetic import SyntheticRollouts
+from trainers.synthetic_batches import SyntheticRollouts
 from trainers.tree_forward import decoder_and_head, unwrap
 
 

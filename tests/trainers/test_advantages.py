@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trainers.grpo import GRPOConfig, broadcast_advantage, grpo_advantages, grpo_micro_batches
-from trainers.rollouts import RolloutBatch
-from trainers.synthetic import forest_from_paths
+from trainers.rollout_batch import RolloutBatch
+from trainers.synthetic_batches import forest_from_paths
 
 
 def test_groups_are_task_harness_pairs() -> None:

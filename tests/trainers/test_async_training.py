@@ -23,10 +23,10 @@ from evaluation.evidence import read_rows
 from tests.trainers.conftest import small_qwen3
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
+from trainers.rollout_batch import RolloutBatch
 from trainers.rollout_producer import RolloutProducer
-from trainers.rollouts import RolloutBatch
 from trainers.staleness import apply_staleness, oldest_version
-from trainers.synthetic import forest_from_paths
+from trainers.synthetic_batches import forest_from_paths
 
 
 def _forest(task: str, versions: list[int], harness: str = "H", rid: str = "r") -> object:

@@ -13,7 +13,7 @@ from trainers.core import OptimConfig, Trainer
 from trainers.correction import CorrectionConfig
 from trainers.grpo import GRPO, GRPOConfig, grpo_loss
 from trainers.ppo import PPO, PPOConfig
-from trainers.synthetic import SyntheticRollouts
+from trainers.synthetic_batches import SyntheticRollouts
 from trainers.tree_forward import Critic
 
 from .conftest import VOCAB, small_qwen3

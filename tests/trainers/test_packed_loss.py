@@ -9,8 +9,8 @@ import torch
 from clawgym_env.trajectory.packing import tree_logprobs
 from trainers.correction import CorrectionConfig, rollout_correction
 from trainers.grpo import GRPOConfig, grpo_loss, grpo_micro_batches
-from trainers.rollouts import RolloutBatch
-from trainers.synthetic import synthetic_forest
+from trainers.rollout_batch import RolloutBatch
+from trainers.synthetic_batches import synthetic_forest
 from trainers.tree_forward import branch_logprobs
 
 from .conftest import VOCAB, assert_same_loss_and_gradients, small_qwen3

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from trainers.ppo import PPOConfig, branch_gae, ppo_micro_batches, tree_gae
-from trainers.rollouts import RolloutBatch
-from trainers.synthetic import forest_from_paths
+from trainers.rollout_batch import RolloutBatch
+from trainers.synthetic_batches import forest_from_paths
 from trainers.tree_forward import Critic
 
 from .conftest import small_qwen3

@@ -15,8 +15,8 @@ from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO, GRPOConfig
 from trainers.model import LoraSettings, apply_lora, export_weights, plain_copy
 from trainers.ppo import PPO, PPOConfig
-from trainers.rollouts import RolloutBatch
-from trainers.synthetic import SyntheticRollouts, forest_from_paths
+from trainers.rollout_batch import RolloutBatch
+from trainers.synthetic_batches import SyntheticRollouts, forest_from_paths
 from trainers.tree_batch import build_micro_batches
 from trainers.tree_forward import Critic
 

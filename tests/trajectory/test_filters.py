@@ -9,7 +9,7 @@ from clawgym_env.records import ModelCall, PromptSegment
 from clawgym_env.specs import ApiStyle, ForestOptions
 from clawgym_env.trajectory.forest import SOURCE_CODE
 from clawgym_env.trajectory.reconstruct import build_forest
-from clawgym_env.trajectory.synthetic import synthetic_rollout
+from clawgym_env.trajectory.synthetic_recordings import synthetic_rollout
 
 SYS = [1, 4, 3, 11, 12, 13, 2, 3]  # <|im_start|>system\n ... <|im_end|>\n
 USER = [1, 5, 3, 21, 22, 2, 3, 1, 6, 3]  # user message, then the generation prompt

@@ -8,7 +8,7 @@ import pytest
 
 from clawgym_env.records import CallLog
 from clawgym_env.trajectory.inspect import inspect_run, markdown_table, recording_stats
-from clawgym_env.trajectory.synthetic import synthetic_rollout
+from clawgym_env.trajectory.synthetic_recordings import synthetic_rollout
 
 
 def record(tmp_path: Path) -> Path:

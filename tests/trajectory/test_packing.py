@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory.packing import pack_forest, pack_forests, tree_logprobs
 from clawgym_env.trajectory.reconstruct import build_forest
-from clawgym_env.trajectory.synthetic import synthetic_rollout
+from clawgym_env.trajectory.synthetic_recordings import synthetic_rollout
 
 VOCAB = 1000
 

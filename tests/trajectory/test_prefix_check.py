@@ -1,6 +1,6 @@
 """The prefix check: did each prompt extend the previous call of its agent, and if not, where and why.
 
-Harness-shaped recordings (clawgym_env.trajectory.synthetic, rendered ChatML-style on integer ids with the
+Harness-shaped recordings (clawgym_env.trajectory.synthetic_recordings, rendered ChatML-style on integer ids with the
 segments a proxy records) go through reconstruction, which checks calls recorded without a check; single
 breaks of each kind are built directly with the same renderer.
 """
@@ -16,7 +16,7 @@ from clawgym_env.records import CallLog, ModelCall, PromptSegment
 from clawgym_env.specs import ApiStyle
 from clawgym_env.trajectory import build_forest
 from clawgym_env.trajectory.inspect import inspect_run, recording_stats
-from clawgym_env.trajectory.synthetic import Message, render, synthetic_rollout
+from clawgym_env.trajectory.synthetic_recordings import Message, render, synthetic_rollout
 
 
 def make_call(index: int, messages: list[Message], generated: list[int]) -> ModelCall:

@@ -12,7 +12,7 @@ from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory.forest import TrajectoryForest
 from clawgym_env.trajectory.reconstruct import build_forest
-from clawgym_env.trajectory.synthetic import synthetic_rollout
+from clawgym_env.trajectory.synthetic_recordings import synthetic_rollout
 
 
 def children_map(forest: TrajectoryForest) -> dict[tuple[int, int], int]:

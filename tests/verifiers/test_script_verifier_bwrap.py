@@ -12,7 +12,7 @@ from verifiers import ScriptVerifier
 
 @pytest.fixture
 async def backend(tmp_path):
-    from clawgym_env.sandbox.local import LocalSandboxBackend
+    from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 
     try:
         backend = LocalSandboxBackend(root=tmp_path / "sandboxes", use_cgroups=False)

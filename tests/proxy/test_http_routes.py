@@ -1,4 +1,4 @@
-"""The hot routes (clawgym_env.proxy.fastpath): generation calls skip FastAPI's routing, everything else
+"""The hot routes (clawgym_env.proxy.http_routes): generation calls skip FastAPI's routing, everything else
 still goes through the app, and a handler's unexpected exception still gets a 500 in the API's format."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import numpy as np
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory import TrajectoryForest
 from clawgym_env.trajectory.reconstruct import build_forest
-from clawgym_env.trajectory.synthetic import synthetic_rollout
-from trainers.rollouts import RolloutBatch
+from clawgym_env.trajectory.synthetic_recordings import synthetic_rollout
+from trainers.rollout_batch import RolloutBatch
 
 
 def forest_from_paths(

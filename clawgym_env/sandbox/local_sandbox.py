@@ -54,7 +54,7 @@ from clawgym_env.sandbox.host_setup import SandboxError
 from clawgym_env.sandbox.init_protocol import exec_request, kill_request, parse_reply
 
 if TYPE_CHECKING:
-    from clawgym_env.sandbox.local import LocalSandboxBackend
+    from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 
 
 INIT_SOURCE = (Path(__file__).with_name("sandbox_init.py")).read_text()
@@ -124,6 +124,7 @@ class LocalSandbox:
         self._quota: bool | None = None  # whether the workspace is a sized tmpfs (None: not tried yet)
         self._commands_since_start = 0
         self.last_download: DownloadReport | None = None
+        _LIVE.add(self)  # removed at process exit if nobody removed it before
 
     # ------------------------------------------------------------------ start
     def _bwrap_args(self, init_data_fd: int | None = None) -> list[str]:
@@ -182,15 +183,15 @@ class LocalSandbox:
             args += [str(self._backend.relay_port), str(relay_fd)]
         return args
 
-    def _prepare_workspace(self) -> None:
+    def prepare_workspace(self) -> None:
         """Mount the workspace tmpfs of the sandbox's disk size (once; it outlives restarts)."""
         if self._quota is None:
             self._quota = mount_workspace(self.workspace_dir, self.limits.workspace_mb)
             if not self._quota:
                 log.debug("no workspace tmpfs for %s (cannot mount here): the disk limit is polled", self.id)
 
-    async def _start(self) -> None:
-        self._prepare_workspace()
+    async def start(self) -> None:
+        self.prepare_workspace()
         if self._backend.use_cgroups and self._cgroup is None:
             self._cgroup = SandboxCgroup.create(f"clawgym-{self.id}", self.limits.memory_mb, self.limits.max_processes)
         host_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -279,7 +280,7 @@ class LocalSandbox:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._process.wait(), 10)
         await asyncio.to_thread(self._wait_cgroup_empty)
-        await self._start()
+        await self.start()
 
     def _wait_cgroup_empty(self) -> None:
         if self._cgroup is None:
@@ -291,7 +292,7 @@ class LocalSandbox:
             self._cgroup.kill_all()
             time.sleep(0.002)
 
-    def _restart_wall_clock(self) -> None:
+    def restart_wall_clock(self) -> None:
         """A warm sandbox's wall-time limit counts from when a task takes it, not from its start."""
         self._deadline = time.monotonic() + self.limits.wall_time_s
         if self._wall_timer is not None:

@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
-from clawgym_env.engines.streaming import can_abort, collect, stream_tokens
+from clawgym_env.engines.token_stream import can_abort, collect, stream_tokens
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 from clawgym_env.proxy.conversation import ToolCall
 from clawgym_env.proxy.renderers.base import ParsedOutput

@@ -14,7 +14,7 @@ Before verification, `end_agent_processes()` kills everything the agent started 
 checked empty) and starts a fresh init with a new control socket over the same workspace, so nothing
 the agent left running can touch the verifier's files or answer for it.
 
-Modules: this one (the backend, its warm pool), bubblewrap_sandbox.py (one sandbox), host_setup.py (start-up
+Modules: this one (the backend, its warm pool), local_sandbox.py (one sandbox), host_setup.py (start-up
 checks), bwrap_args.py, init_protocol.py, host_files.py, reaper.py, cgroups.py. Host folders: <root>/<sandbox id>/workspace and <root>/<sandbox id>/sandbox.json (owner pid, bwrap pid,
 cgroups) so that `reap_leftovers(root)` (reaper.py) can clean up after a crashed run. Host-side file access
 (host_files.py) never follows a link and never blocks on a FIFO.
@@ -33,18 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 from clawgym_env.interfaces import ProxyEndpoint, SandboxLimits
 from clawgym_env.sandbox import bwrap_args
-from clawgym_env.sandbox.bubblewrap_sandbox import _LIVE, LocalSandbox
 from clawgym_env.sandbox.cgroups import SandboxCgroup
 from clawgym_env.sandbox.host_files import remove_tree
 from clawgym_env.sandbox.host_setup import (
     SandboxError,
-    _choose_init,
     check_bubblewrap,
+    choose_init,
     default_python,
     default_root,
     host_paths_needed_inside,
 )
 from clawgym_env.sandbox.init_protocol import MAX_REQUEST
+from clawgym_env.sandbox.local_sandbox import LocalSandbox
 from clawgym_env.sandbox.reaper import reap_leftovers
 from clawgym_env.sandbox.workspace import materialize_workspace
 
@@ -116,7 +116,7 @@ class LocalSandboxBackend:
         if pool_size < 0:
             raise ValueError(f"pool_size must be >= 0, got {pool_size}")
         self.pool_size = pool_size
-        self.init_binary = _choose_init(init or os.environ.get("CLAWGYM_SANDBOX_INIT") or "auto")
+        self.init_binary = choose_init(init or os.environ.get("CLAWGYM_SANDBOX_INIT") or "auto")
         self._sandboxes: set[LocalSandbox] = set()
         # Warm pool: sandboxes started ahead with an empty workspace, per (mount path, limits, proxy).
         self._pool: dict[tuple[str, str, str], list[LocalSandbox]] = {}
@@ -161,9 +161,9 @@ class LocalSandboxBackend:
             else:
                 materialize_workspace(task.workspace, sandbox.workspace_dir)
             if warm is None:
-                await sandbox._start()
+                await sandbox.start()
             else:
-                sandbox._restart_wall_clock()
+                sandbox.restart_wall_clock()
         except BaseException:
             await sandbox.destroy()
             await sandbox.wait_removed()  # a failed create leaves nothing behind when it raises
@@ -176,8 +176,7 @@ class LocalSandboxBackend:
         (host_dir / "workspace").mkdir(parents=True)
         sandbox = self.sandbox_class(self, sandbox_id, host_dir, mount_path, limits, proxy)
         self._sandboxes.add(sandbox)
-        _LIVE.add(sandbox)
-        sandbox._prepare_workspace()  # before seeding: the tmpfs would hide what was written under it
+        sandbox.prepare_workspace()  # before seeding: the tmpfs would hide what was written under it
         return sandbox
 
     # ------------------------------------------------------------------ warm pool
@@ -208,7 +207,7 @@ class LocalSandboxBackend:
         while len(ready) < self.pool_size:
             sandbox = self._new_sandbox(mount_path, limits, proxy)
             try:
-                await sandbox._start()
+                await sandbox.start()
             except Exception:  # noqa: BLE001 - the pool stays short; create() starts one on demand instead
                 await sandbox.destroy()
                 return

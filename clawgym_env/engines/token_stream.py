@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
+from clawgym_env.interfaces import AbortableEngine, Generation, SamplingParams, StreamingEngine, TokenChunk
 
 
 def can_abort(engine: Any) -> bool:
-    return callable(getattr(engine, "abort", None))
+    return isinstance(engine, AbortableEngine) and callable(engine.abort)
 
 
 def generate(engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Any:
@@ -28,9 +28,8 @@ async def stream_tokens(
     engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
 ) -> AsyncIterator[TokenChunk]:
     """Yield `TokenChunk`s as the engine decodes; the last one has `finish_reason` set."""
-    stream = getattr(engine, "stream", None)
-    if callable(stream):
-        async for chunk in stream(prompt_ids, sampling, request_id=request_id):
+    if isinstance(engine, StreamingEngine):
+        async for chunk in engine.stream(prompt_ids, sampling, request_id=request_id):
             yield chunk
         return
     generation = await generate(engine, prompt_ids, sampling, request_id)
