@@ -1,5 +1,8 @@
 """ModelCall: what the proxy records per model call, and the durable append-only log it goes to.
 
+One module, past 500 lines, because the record, its line format and its reader change together: a line a
+writer makes must read back the same.
+
 Two views of a call are kept apart: `request` is the harness view (the raw JSON it sent); the token
 fields are the training view (exact ids the engine saw and generated, with the engine's logprobs).
 

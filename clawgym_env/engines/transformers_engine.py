@@ -1,5 +1,8 @@
 """TransformersEngine: an in-process PyTorch/transformers `InferenceEngine` (the CPU default).
 
+Past 500 lines because batching, KV reuse, streaming and abort all act on the state of the one worker thread
+that owns the model; split up, that state would be spread over modules.
+
 How a request flows:
 - `generate()` (async) queues the request and awaits a future; one background worker thread owns the
   model, so the proxy's asyncio loop never blocks on torch.

@@ -1,5 +1,8 @@
 """vLLM as servers: start (or connect to) N vLLM OpenAI-compatible servers and use them as one engine.
 
+The server and the pool over servers in one module, past 500 lines, because the pool's routing, versions and
+weight updates depend on how each server is started and watched.
+
 `VLLMServer` runs `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 with the settings the
 in-process engine uses (prefix caching, processed logprobs, ClawGym's worker extension, CPU defaults) and
 `VLLM_SERVER_DEV_MODE=1`, which opens `/collective_rpc` and `/reset_prefix_cache`.

@@ -1,7 +1,9 @@
 """One running local sandbox: start (bwrap + init in the sandbox's cgroup), commands over the init's
 control socket, host-side file access, the restart before verification, and destruction.
 
-See local.py for the backend and the overall picture, bwrap_args.py for what is shown inside.
+See local_backend.py for the backend and the overall picture, bwrap_args.py for what is shown inside. Past 500
+lines because a sandbox's whole life (start, exec, files, restart, destroy) shares its process, cgroup and
+control socket, and is read best as one class.
 """
 
 from __future__ import annotations
