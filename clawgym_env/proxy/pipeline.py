@@ -246,11 +246,7 @@ class CallPipeline:
     ) -> Answer:
         policy, stats = state.policy, state.stats
         renderer = policy.renderer
-        if stats.new_tokens >= state.limits.max_tokens:
-            raise ProxyError(
-                "token_cap",
-                f"clawgym: rollout {state.route.rollout_id} used its {state.limits.max_tokens}-token budget",
-            )
+        _budget_left(state)
         conversation = adapter.to_conversation(request, state.validated)
         rendered = renderer.render(conversation, splice=state.memory.find, resume=state.render_resumes)
         state.keep_resume(rendered)
@@ -474,11 +470,7 @@ class CallPipeline:
         """The token budget of an in-process call (the white-box loop) about to generate from `prompt_ids`:
         the same context and budget checks as an HTTP call; a refusal is recorded as a failed call."""
         try:
-            if state.stats.new_tokens >= state.limits.max_tokens:
-                raise ProxyError(
-                    "token_cap",
-                    f"clawgym: rollout {state.route.rollout_id} used its {state.limits.max_tokens}-token budget",
-                )
+            _budget_left(state)
             _, max_new = self._budget(state, prompt_ids, None)
         except ProxyError as err:
             call = ModelCall(
@@ -508,6 +500,14 @@ class CallPipeline:
         if call.generated_ids and call.error is None:
             state.completed(call)  # after the record, as for an HTTP call: its line may refer to the previous one
         return call.model_copy()  # the rollout's own may have its ids folded into a later call's (RolloutState.fold)
+
+
+def _budget_left(state: RolloutState) -> None:
+    """Raise token_cap when the rollout has spent its whole token budget (checked before rendering)."""
+    if state.stats.new_tokens >= state.limits.max_tokens:
+        raise ProxyError(
+            "token_cap", f"clawgym: rollout {state.route.rollout_id} used its {state.limits.max_tokens}-token budget"
+        )
 
 
 def _count_tokens(state: RolloutState, call: ModelCall, new_prompt: int) -> None:
