@@ -127,7 +127,7 @@ def arm_summaries(rows: list[EvidenceRow], timings: list[StepTiming]) -> list[di
             {
                 "arm": arm,
                 "harness": harness,
-                "steps": len(ts),
+                "steps": len(ts) // len({t.seed for t in ts}),  # per seed
                 "step_s": wall / len(ts),
                 "trainer_busy": sum(t.update_s for t in ts) / wall,
                 "rollouts_busy": sum(t.rollout_s for t in ts) / wall,
