@@ -175,7 +175,7 @@ class CallPipeline:
             answer = await self._generate(state, adapter, request, call, caller, t0)
         except Exception as exc:
             answer, _ = self._failed(state, call, t0, exc, adapter.style)
-        if answer.pump is None:  # a live stream waits for its record itself, before its final events
+        if answer.pump is None and self.recorder.group is not None:  # fsync=True; a live stream waits itself
             try:
                 await self.recorder.durable()
             except OSError as exc:
