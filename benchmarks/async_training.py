@@ -129,6 +129,9 @@ def arm_summaries(rows: list[EvidenceRow], timings: list[StepTiming]) -> list[di
                 "harness": harness,
                 "steps": len(ts) // len({t.seed for t in ts}),  # per seed
                 "step_s": wall / len(ts),
+                "step_s_by_seed": [
+                    float(np.mean([t.step_s for t in ts if t.seed == seed])) for seed in sorted({t.seed for t in ts})
+                ],
                 "trainer_busy": sum(t.update_s for t in ts) / wall,
                 "rollouts_busy": sum(t.rollout_s for t in ts) / wall,
                 "push_mb": float(np.mean([t.weight_sync_bytes for t in ts])) / 1e6,

@@ -245,14 +245,15 @@ def async_training_block(results: Path) -> str:
     rows, timings = _load("async_training", results), read_timings(steps)
     arms = arm_summaries(rows, timings)
     lines = [
-        "| arm | s per step | trainer busy | rollouts busy | push MB / s | checkpoint MB | held-out gain | vs staleness-0 |",
+        "| arm | s per step (per seed) | trainer busy | rollouts busy | push MB / s | checkpoint MB | held-out gain "
+        "| vs staleness-0 |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for a in arms:
         ckpt = "-" if a["checkpoint_mb"] is None else f"{a['checkpoint_mb']:.1f}"
         versus = "-" if a["versus_sync"] is None else f"{_fmt(a['versus_sync'])}, {_verdict(a['versus_sync'])}"
         lines.append(
-            f"| {a['arm']} | {a['step_s']:.0f} | {a['trainer_busy']:.2f} | {a['rollouts_busy']:.2f} | "
+            f"| {a['arm']} | {a['step_s']:.0f} ({', '.join(f'{x:.0f}' for x in a['step_s_by_seed'])}) | {a['trainer_busy']:.2f} | {a['rollouts_busy']:.2f} | "
             f"{a['push_mb']:.2f} / {a['push_s']:.2f} | {ckpt} | {_fmt(a['gain'])} (n={a['gain'].seeds}) | {versus} |"
         )
     cpus = sorted({a["cpu"] for a in arms})
