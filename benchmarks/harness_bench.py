@@ -24,9 +24,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from clawgym_env.chat import ChatMLRenderer  # noqa: E402
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer  # noqa: E402
 from clawgym_env.interfaces import Policy  # noqa: E402
-from clawgym_env.proxy import ChatMLRenderer  # noqa: E402
 from clawgym_env.rollout import run_rollout  # noqa: E402
 from clawgym_env.serving_stack import serving_stack  # noqa: E402
 from clawgym_env.specs import EnvOptions, TaskSpec  # noqa: E402

@@ -27,10 +27,11 @@ from typing import Any
 
 import orjson
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Generation, Policy, RolloutLimits, SamplingParams, TokenChunk
-from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+from clawgym_env.proxy import ServingProxy
 
 SYSTEM = ("You are a careful coding agent working in /root/.openclaw/workspace. " * 30).strip()
 TOOLS = [

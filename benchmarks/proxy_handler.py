@@ -74,9 +74,10 @@ async def measure(
     rollouts: int, calls: int, concurrency: int = 1, profile: Path | None = None, chunk_tokens: int = 0
 ) -> dict[str, Any]:
     """Run `rollouts` rollouts of `calls` streamed Chat Completions calls through the handler; µs per call."""
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy, RolloutLimits
-    from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+    from clawgym_env.proxy import ServingProxy
 
     tokenizer = load_qwen_tokenizer()
     engine = (

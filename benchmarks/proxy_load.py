@@ -336,9 +336,10 @@ async def remote_engine(args: argparse.Namespace) -> tuple[Any, list[subprocess.
 
 async def serve(args: argparse.Namespace) -> None:
     """The proxy process: JSON commands on stdin, one JSON answer line each on stdout."""
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy, RolloutLimits, SamplingParams
-    from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+    from clawgym_env.proxy import ServingProxy
 
     tokenizer = load_qwen_tokenizer()
     engine_processes: list[subprocess.Popen[bytes]] = []

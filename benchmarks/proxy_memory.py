@@ -31,9 +31,10 @@ from benchmarks.proxy_load import FastTestEngine, next_turn, rss_mb, use_uvloop
 
 
 async def held_by_open_rollouts(rollouts: int, calls: int) -> dict[str, float]:
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy, RolloutLimits
-    from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+    from clawgym_env.proxy import ServingProxy
 
     tokenizer = load_qwen_tokenizer()
     policy = Policy(engine=FastTestEngine(tokenizer, COMPLETIONS), renderer=ChatMLRenderer(tokenizer))  # type: ignore[arg-type]

@@ -114,9 +114,10 @@ async def bench(
     via_hub: bool = False,
 ) -> list[dict]:
     from benchmarks import servers
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines.tokenizer import load_qwen_tokenizer
     from clawgym_env.interfaces import Policy
-    from clawgym_env.proxy import ChatMLRenderer, ServingProxy, ShardedProxy
+    from clawgym_env.proxy import ServingProxy, ShardedProxy
 
     tokenizer = load_qwen_tokenizer()
     processes = []

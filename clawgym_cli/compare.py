@@ -223,8 +223,8 @@ def build_policy(cfg: Any, checkpoint: str | Path | None = None) -> Any:
     """
     import torch
 
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.interfaces import Policy
-    from clawgym_env.proxy import ChatMLRenderer
     from trainers.core import check_base_model
     from trainers.loop import build_engine
     from trainers.model import apply_lora, export_adapter, export_weights, load_model, load_trainable_state

@@ -25,6 +25,7 @@ from clawgym_env.verifier_api import as_verifier as as_verifier
 from clawgym_env.verifier_api import coerce_verifier_output as coerce_verifier_output
 
 if TYPE_CHECKING:
+    from clawgym_env.chat.renderers.base import Renderer
     from clawgym_env.records import ModelCall
     from clawgym_env.specs import TaskSpec
 
@@ -254,11 +255,11 @@ class Policy:
     """What `env.step` acts with: an engine plus the renderer of its model family.
 
     The renderer turns API requests into prompt token ids and generated ids back into text and tool
-    calls (clawgym_env.proxy.renderers). `name` is the model name the harnesses are told to use.
+    calls (clawgym_env.chat.renderers). `name` is the model name the harnesses are told to use.
     """
 
     engine: InferenceEngine
-    renderer: Any
+    renderer: Renderer
     name: str = "policy"
     max_context: int = 32_768
 

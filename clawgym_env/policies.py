@@ -27,8 +27,8 @@ def make_policy(
     The renderer checks once that its message-by-message segments equal the tokenizer's own chat
     template, so a model whose template is not ChatML fails here with a clear error, not later.
     """
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines import make_engine
-    from clawgym_env.proxy import ChatMLRenderer
 
     if engine in ("transformers", "vllm"):
         built = make_engine(engine, model=model, **engine_options)

@@ -126,7 +126,7 @@ class ModelCall(BaseModel):
     policy_version: int = 0
     segments: list[PromptSegment] = Field(default_factory=list)
     drift_events: int = 0  # assistant turns echoed by the harness that matched no recorded generation
-    rewritten_turns: int = 0  # echoed turns spliced after undoing a known harness rewrite (clawgym_env.proxy.splice)
+    rewritten_turns: int = 0  # echoed turns spliced after undoing a known harness rewrite (clawgym_env.chat.splice)
     prefix: PrefixCheck | None = None  # did the prompt extend the previous call's ids (None: not checked)
     timings: CallTimings = Field(default_factory=CallTimings)
     error: str | None = None

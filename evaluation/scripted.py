@@ -33,8 +33,8 @@ class ScriptedReferencePolicies:
     def __init__(self, mode: str = "reference") -> None:
         if mode not in self.MODES:
             raise ValueError(f"ScriptedReferencePolicies mode must be one of {self.MODES}, got {mode!r}")
+        from clawgym_env.chat import ChatMLRenderer
         from clawgym_env.engines import load_qwen_tokenizer
-        from clawgym_env.proxy import ChatMLRenderer
 
         self.mode = mode
         self.name = f"scripted:{mode}"

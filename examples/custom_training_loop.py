@@ -16,9 +16,9 @@ import copy
 import torch
 
 import clawgym_env
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines.models import load_policy_model
 from clawgym_env.engines.transformers_engine import TransformersEngine
-from clawgym_env.proxy import ChatMLRenderer
 from trainers.grpo import GRPOConfig, grpo_loss
 
 

@@ -98,8 +98,8 @@ async def check_harness(harness: str, proxy: Any, backend: Any, tokenizer: Any, 
 
 
 async def run_health(harnesses: tuple[str, ...] = HARNESSES) -> list[HealthRow]:
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines import load_qwen_tokenizer
-    from clawgym_env.proxy import ChatMLRenderer
     from clawgym_env.serving_stack import serving_stack
 
     tokenizer = load_qwen_tokenizer()

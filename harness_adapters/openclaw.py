@@ -195,9 +195,9 @@ async def build_compile_cache(install: HarnessInstall | None = None, *, force: b
     sandbox runs as uid 0 whatever the host user is; module paths are the same (the sandbox sees / read-only).
     The rollout writes a file with OpenClaw's `write` tool, then answers, so tool modules are cached too.
     """
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
     from clawgym_env.interfaces import Policy
-    from clawgym_env.proxy import ChatMLRenderer
     from clawgym_env.rollout import run_rollout
     from clawgym_env.serving_stack import serving_stack
     from clawgym_env.specs import DEFAULT_MOUNT_PATH, EnvOptions, TaskSpec

@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall, ToolSpec
+from clawgym_env.chat.renderers.base import EchoContext, ParsedOutput, SplicedTurn
+from clawgym_env.chat.renderers.toolcall_parsing import parse_generation_text
 from clawgym_env.interfaces import HarnessContext, HarnessResult, SamplingParams, Sandbox
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
-from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, SplicedTurn
-from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
 from clawgym_env.records import CallTimings, ModelCall
 from clawgym_env.specs import ApiStyle
 from harness_adapters.base import McpServer, coerce_mcp_servers

@@ -489,8 +489,8 @@ def build_models(cfg: TrainConfig) -> tuple[torch.nn.Module, Any, Critic | None,
 
 def build_rollout_side(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> dict[str, Any]:
     """Rank 0: the inference engine, the policy over it, and the training and held-out envs and tasks."""
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.interfaces import Policy
-    from clawgym_env.proxy import ChatMLRenderer
     from clawgym_env.runtime import Runtime
 
     engine = build_engine(cfg, model, tokenizer)

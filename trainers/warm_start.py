@@ -40,7 +40,7 @@ def demonstration_policies(tokenizer: Any = None) -> Any:
 
     policies = ScriptedReferencePolicies("reference")
     if tokenizer is not None:
-        from clawgym_env.proxy import ChatMLRenderer
+        from clawgym_env.chat import ChatMLRenderer
 
         policies.tokenizer = tokenizer
         policies.renderer = ChatMLRenderer(tokenizer)

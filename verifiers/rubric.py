@@ -72,7 +72,7 @@ class ModelJudge:
         if not hasattr(tokenizer, "apply_chat_template"):
             raise VerifierConfigError("the judge tokenizer needs apply_chat_template (a transformers tokenizer)")
         # imported here: `verifiers` stays light (the proxy package is not needed to check a workspace)
-        from clawgym_env.proxy.renderers.untrusted_text import UntrustedTextEncoder
+        from clawgym_env.chat.renderers.untrusted_text import UntrustedTextEncoder
 
         try:
             self._text = UntrustedTextEncoder.of(tokenizer)

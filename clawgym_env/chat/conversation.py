@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import orjson
 
-from clawgym_env.proxy.jsonio import dumps_str
+from clawgym_env.chat.jsonio import dumps_str
 
 Role = Literal["system", "user", "assistant", "tool"]
 

@@ -27,10 +27,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clawgym_env.chat.conversation import Message, ToolCall, canonical_arguments
+from clawgym_env.chat.renderers.base import EchoContext, ParsedOutput, SplicedTurn
+from clawgym_env.chat.tapes import TapeIndex
 from clawgym_env.prefix import common_prefix_length
-from clawgym_env.proxy.conversation import Message, ToolCall, canonical_arguments
-from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, SplicedTurn
-from clawgym_env.proxy.tapes import TapeIndex
 
 StructureKey = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 
-from clawgym_env.proxy import jsonio
+from clawgym_env.chat import jsonio
 from clawgym_env.proxy.apis import AnthropicAdapter, ApiAdapter, ChatAdapter, ResponsesAdapter
 from clawgym_env.proxy.apis.anthropic import CountTokensRequest, MessagesRequest
 from clawgym_env.proxy.apis.openai_chat import ChatCompletionRequest

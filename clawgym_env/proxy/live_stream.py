@@ -21,11 +21,11 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
+from clawgym_env.chat.conversation import ToolCall
+from clawgym_env.chat.renderers.base import ParsedOutput
+from clawgym_env.chat.renderers.toolcall_parsing import _calls_from_json, split_reasoning
 from clawgym_env.engines.token_stream import can_abort, collect, stream_tokens
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
-from clawgym_env.proxy.conversation import ToolCall
-from clawgym_env.proxy.renderers.base import ParsedOutput
-from clawgym_env.proxy.renderers.toolcall_parsing import _calls_from_json, split_reasoning
 
 MARKERS = ("<tool_call>", "```")
 _CLOSED_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -29,18 +29,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawgym_env.chat import jsonio
+from clawgym_env.chat.conversation import Conversation
+from clawgym_env.chat.renderers.base import ParsedOutput, RenderedPrompt
 from clawgym_env.engines.token_stream import can_abort, generate
 from clawgym_env.interfaces import Generation, InProcessAdmission, SamplingParams
 from clawgym_env.prefix import common_prefix_length
-from clawgym_env.proxy import jsonio
 from clawgym_env.proxy.apis import ApiAdapter, CallOutput
 from clawgym_env.proxy.apis.base import EventWriter, mint_id
-from clawgym_env.proxy.conversation import Conversation
 from clawgym_env.proxy.errors import ProxyError, error_body
 from clawgym_env.proxy.guards import ProxyGuards
 from clawgym_env.proxy.live_stream import Piece, StreamSplitter, StreamStopped, TokenFeed, disconnect_watch
 from clawgym_env.proxy.recorder import Recorder
-from clawgym_env.proxy.renderers.base import ParsedOutput, RenderedPrompt
 from clawgym_env.proxy.rollout_state import RolloutState
 from clawgym_env.records import ModelCall
 from clawgym_env.specs import ApiStyle

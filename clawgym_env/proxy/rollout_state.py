@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from clawgym_env.chat.renderers.base import RenderedPrompt
+from clawgym_env.chat.splice import GenerationMemory
+from clawgym_env.chat.tapes import TapeIndex
 from clawgym_env.interfaces import Policy, RolloutLimits, RolloutRoute
 from clawgym_env.prefix import check_prefix, common_prefix_length, extends, same_root
 from clawgym_env.proxy.apis.base import ValidatedItems
-from clawgym_env.proxy.renderers.base import RenderedPrompt
 from clawgym_env.proxy.request_sharing import RequestMemory
-from clawgym_env.proxy.splice import GenerationMemory
-from clawgym_env.proxy.tapes import TapeIndex
 from clawgym_env.records import ModelCall, PrefixCheck
 
 __all__ = ["ROLLOUT_ID_RE", "RolloutState", "RolloutStats", "common_prefix_length"]

@@ -33,6 +33,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
+from clawgym_env.chat.renderers import check_renderer_fits_engine
 from clawgym_env.interfaces import InProcessAdmission, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
 from clawgym_env.proxy.apis import ApiAdapter, CountTokensAdapter
 from clawgym_env.proxy.errors import ProxyError
@@ -54,7 +55,6 @@ from clawgym_env.proxy.pipeline import (
     ClientDisconnected,
     Recorder,
 )
-from clawgym_env.proxy.renderers import check_renderer_fits_engine
 from clawgym_env.proxy.request_sharing import RequestMemory
 from clawgym_env.proxy.rollout_state import ROLLOUT_ID_RE, RolloutState, RolloutStats
 from clawgym_env.records import ModelCall

@@ -34,11 +34,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.chat.renderers.base import check_renderer_fits_engine
 from clawgym_env.engines.token_stream import can_abort
 from clawgym_env.interfaces import InProcessAdmission, Policy, ProxyEndpoint, RolloutLimits, RolloutRoute
 from clawgym_env.proxy.engine_hub import EngineHub
 from clawgym_env.proxy.guards import GuardStats
-from clawgym_env.proxy.renderers.base import check_renderer_fits_engine
 from clawgym_env.proxy.rollout_state import RolloutStats
 from clawgym_env.proxy.shard_handle import Answer, Shard, ShardLost
 from clawgym_env.records import ModelCall, read_calls

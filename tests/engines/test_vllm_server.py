@@ -229,8 +229,9 @@ async def test_proxy_shards_run_their_own_clients_and_follow_an_update(pool, qwe
     shards and lets them go on at the new version."""
     import httpx
 
+    from clawgym_env.chat import ChatMLRenderer
     from clawgym_env.interfaces import Policy
-    from clawgym_env.proxy import ChatMLRenderer, ShardedProxy
+    from clawgym_env.proxy import ShardedProxy
 
     pool.weight_transfer = "disk"
     version, main_calls = pool.policy_version, pool.stats.calls

@@ -15,9 +15,9 @@ import pytest
 
 import clawgym_env
 from clawgym_env import Policy, TaskSpec, TaskSuite
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.checker import check_env
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
-from clawgym_env.proxy import ChatMLRenderer
 
 WS = "/root/.openclaw/workspace"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.proxy.rollout_state import RolloutStats
 from clawgym_env.rollout import RolloutResult, run_rollout
 from clawgym_env.serving_stack import serving_stack

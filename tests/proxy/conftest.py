@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer, ServingProxy
+from clawgym_env.proxy import ServingProxy
 from clawgym_env.records import ModelCall
 from tests.log_check import assert_log_holds
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from clawgym_env.proxy.jsonio import dumps
+from clawgym_env.chat.jsonio import dumps
 
 from .conftest import WRITE_SCHEMA, tagged
 

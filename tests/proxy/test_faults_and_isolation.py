@@ -227,7 +227,7 @@ async def test_models_head_count_tokens_and_openapi(proxy, scripted_policy, rend
         assert [m.id async for m in oa.models.list()] == ["qwen-policy"]
     async with anthropic.AsyncAnthropic(base_url=proxy.base_url(route), api_key=route.api_key) as an:
         count = await an.messages.count_tokens(model="p", messages=[{"role": "user", "content": "hello there"}])
-    from clawgym_env.proxy.conversation import Conversation, Message
+    from clawgym_env.chat.conversation import Conversation, Message
 
     assert count.input_tokens == renderer.count_tokens(Conversation([Message("user", "hello there")]))
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import pytest
 
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
-from clawgym_env.proxy.renderers import ChatMLRenderer
-from clawgym_env.proxy.renderers.chatml import RenderResume
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall, ToolSpec
+from clawgym_env.chat.renderers import ChatMLRenderer
+from clawgym_env.chat.renderers.chatml import RenderResume
+from clawgym_env.chat.splice import GenerationMemory
 from clawgym_env.proxy.rollout_state import RESUMES_KEPT, RolloutState, RolloutStats
-from clawgym_env.proxy.splice import GenerationMemory
 
 LIST_DIR = {"name": "list_dir", "arguments": {"path": "/work"}}
 # one structure, two raw texts: every echo has several candidates (the lookup's costliest case)

@@ -7,17 +7,17 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter, ResponsesAdapter
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec, canonical_arguments
-from clawgym_env.proxy.renderers import (
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall, ToolSpec, canonical_arguments
+from clawgym_env.chat.renderers import (
     ChatMLRenderer,
     EchoContext,
     SplicedTurn,
     TemplateMismatch,
     parse_generation_text,
 )
-from clawgym_env.proxy.renderers.chatml import probe_conversations
-from clawgym_env.proxy.splice import GenerationMemory, strip_leading_cd
+from clawgym_env.chat.renderers.chatml import probe_conversations
+from clawgym_env.chat.splice import GenerationMemory, strip_leading_cd
+from clawgym_env.proxy.apis import AnthropicAdapter, ChatAdapter, ResponsesAdapter
 from tests.proxy.conftest import WRITE_SCHEMA
 
 CLAUDE_CODE_LIKE = {
@@ -373,7 +373,7 @@ def test_a_template_that_does_not_fit_is_refused(tokenizer):
 def test_the_memoized_tools_section_is_the_templates_text_and_skips_values_orjson_cannot_tell_apart(tokenizer):
     """The tools section is memoized by orjson's encoding of the tools; orjson writes NaN as null, so a set
     holding null is rendered afresh every time (and still rendered exactly like the stdlib `tojson`)."""
-    from clawgym_env.proxy.renderers.chatml import TOOLS_FOOTER, TOOLS_HEADER, ChatMLRenderer, tojson
+    from clawgym_env.chat.renderers.chatml import TOOLS_FOOTER, TOOLS_HEADER, ChatMLRenderer, tojson
 
     fresh = ChatMLRenderer(tokenizer, verify=False)
     plain = [ToolSpec("write", "write a file", WRITE_SCHEMA), ToolSpec("ls", "list", {"type": "object", "x": 1.5})]

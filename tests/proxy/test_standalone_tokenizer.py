@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from clawgym_env.chat import ChatMLRenderer
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall
 from clawgym_env.engines.models import make_tiny_qwen3
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.proxy.__main__ import build_policy, main
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.proxy.server import ServingProxy
 from clawgym_env.records import read_calls
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
-from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.sandbox.local_backend import LocalSandboxBackend
 
 

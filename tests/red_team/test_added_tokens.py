@@ -16,10 +16,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.interfaces import Policy
 from clawgym_env.proxy import ServingProxy
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
 from clawgym_env.records import read_calls
 
 CHAT = "/v1/chat/completions"
@@ -106,7 +106,7 @@ def test_the_template_check_agrees_and_text_without_markers_is_unchanged(tokeniz
 )
 def test_a_token_spelled_across_two_pieces_is_text_too(tokenizer, pieces):
     """The one-pass encoding is kept only if it made exactly the added tokens the pieces may make."""
-    from clawgym_env.proxy.renderers.untrusted_text import UntrustedTextEncoder  # (new with this guard)
+    from clawgym_env.chat.renderers.untrusted_text import UntrustedTextEncoder  # (new with this guard)
 
     encoder = UntrustedTextEncoder.of(tokenizer)
     ids, _, kept_as_text = encoder.encode(pieces)

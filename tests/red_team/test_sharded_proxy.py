@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines.scripted import ScriptedTestEngine
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer, ShardedProxy
+from clawgym_env.proxy import ShardedProxy
 from clawgym_env.specs import TaskSpec
 
 PROBE = textwrap.dedent(

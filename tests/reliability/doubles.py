@@ -24,9 +24,9 @@ import json
 import re
 from typing import Any
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer
 from clawgym_env.interfaces import Generation, HarnessContext, HarnessResult, Policy, SamplingParams
-from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.specs import ApiStyle, HarnessSpec, TaskSpec
 
 HARNESS_NAME = "FaultyHarnessTestDouble"

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import openai
 
+from clawgym_env.chat import ChatMLRenderer
 from clawgym_env.interfaces import Policy
-from clawgym_env.proxy import ChatMLRenderer
 from clawgym_env.records import read_calls
 from clawgym_env.rollout import run_rollout
 from clawgym_env.serving_stack import serving_stack

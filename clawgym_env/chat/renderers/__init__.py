@@ -1,6 +1,6 @@
 """Renderers: API conversation -> prompt token ids, generated ids -> text / tool calls / reasoning."""
 
-from clawgym_env.proxy.renderers.base import (
+from clawgym_env.chat.renderers.base import (
     EchoContext,
     ParsedOutput,
     RenderedPrompt,
@@ -9,8 +9,8 @@ from clawgym_env.proxy.renderers.base import (
     SpliceLookup,
     check_renderer_fits_engine,
 )
-from clawgym_env.proxy.renderers.chatml import ChatMLRenderer, TemplateMismatch
-from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
+from clawgym_env.chat.renderers.chatml import ChatMLRenderer, TemplateMismatch
+from clawgym_env.chat.renderers.toolcall_parsing import parse_generation_text
 
 __all__ = [
     "ChatMLRenderer",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall
 from clawgym_env.records import PromptSegment
 
 

@@ -5,7 +5,7 @@ A conversation is rendered block by block: every block starts with `<|im_start|>
 ids as tokenizing the whole prompt (checked once per template against the tokenizer's own chat template,
 `verify_against_template`). Blocks are cached, so a long system prompt or tool list is tokenized once.
 At an echoed assistant turn that matches an earlier generation, that generation's raw ids are spliced in
-instead of re-rendering it (see clawgym_env.proxy.splice).
+instead of re-rendering it (see clawgym_env.chat.splice).
 
 Only the template's own pieces may produce control tokens: text that arrives in a message (a tool's
 output, the user's text, a system prompt, the tool specs' JSON) is encoded with every added token read as
@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall, ToolSpec
-from clawgym_env.proxy.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
-from clawgym_env.proxy.renderers.toolcall_parsing import parse_generation_text
-from clawgym_env.proxy.renderers.untrusted_text import Trust, TrustedPiece, UntrustedTextEncoder
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall, ToolSpec
+from clawgym_env.chat.renderers.base import EchoContext, ParsedOutput, RenderedPrompt, SpliceLookup
+from clawgym_env.chat.renderers.toolcall_parsing import parse_generation_text
+from clawgym_env.chat.renderers.untrusted_text import Trust, TrustedPiece, UntrustedTextEncoder
 from clawgym_env.records import PromptSegment, SegmentKind, segment
 
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

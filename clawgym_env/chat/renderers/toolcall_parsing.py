@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any
 
-from clawgym_env.proxy.conversation import ToolCall, parse_arguments
-from clawgym_env.proxy.renderers.base import ParsedOutput
+from clawgym_env.chat.conversation import ToolCall, parse_arguments
+from clawgym_env.chat.renderers.base import ParsedOutput
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 _FENCED = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)

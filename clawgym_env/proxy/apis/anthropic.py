@@ -11,6 +11,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from clawgym_env.chat.conversation import (
+    Conversation,
+    Message,
+    ToolCall,
+    ToolSpec,
+    ToolSpecs,
+    arguments_json,
+    merge_consecutive_assistants,
+)
 from clawgym_env.proxy.apis.base import (
     ApiAdapter,
     CallOutput,
@@ -20,15 +29,6 @@ from clawgym_env.proxy.apis.base import (
     chunks,
     content_text,
     sse,
-)
-from clawgym_env.proxy.conversation import (
-    Conversation,
-    Message,
-    ToolCall,
-    ToolSpec,
-    ToolSpecs,
-    arguments_json,
-    merge_consecutive_assistants,
 )
 from clawgym_env.proxy.errors import ProxyError
 from clawgym_env.specs import ApiStyle

@@ -13,8 +13,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from clawgym_env.proxy import jsonio
-from clawgym_env.proxy.conversation import Conversation, Message, ToolCall
+from clawgym_env.chat import jsonio
+from clawgym_env.chat.conversation import Conversation, Message, ToolCall
 from clawgym_env.proxy.errors import ProxyError, validation_message
 from clawgym_env.specs import ApiStyle
 

@@ -18,7 +18,17 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from clawgym_env.proxy import jsonio
+from clawgym_env.chat import jsonio
+from clawgym_env.chat.conversation import (
+    Conversation,
+    Message,
+    ToolCall,
+    ToolSpec,
+    ToolSpecs,
+    arguments_json,
+    merge_consecutive_assistants,
+    parse_arguments,
+)
 from clawgym_env.proxy.apis.base import (
     ApiAdapter,
     CallOutput,
@@ -28,16 +38,6 @@ from clawgym_env.proxy.apis.base import (
     chunks,
     content_text,
     mint_id,
-)
-from clawgym_env.proxy.conversation import (
-    Conversation,
-    Message,
-    ToolCall,
-    ToolSpec,
-    ToolSpecs,
-    arguments_json,
-    merge_consecutive_assistants,
-    parse_arguments,
 )
 from clawgym_env.proxy.errors import ProxyError
 from clawgym_env.specs import ApiStyle
