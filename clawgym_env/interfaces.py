@@ -243,9 +243,9 @@ class ReportingEngine(Protocol):
 
 @runtime_checkable
 class AdapterEngine(Protocol):
-    """Takes a LoRA adapter instead of full weights (`model.lora.sync=adapter`)."""
+    """Takes a LoRA adapter instead of full weights (`model.lora.sync=adapter`): only in-process vLLM today."""
 
-    def supports_adapters(self) -> bool: ...
+    supports_adapters: bool  # started with enable_lora
 
     def update_adapter(self, adapter: Any, version: int) -> None: ...
 
