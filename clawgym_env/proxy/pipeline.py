@@ -576,8 +576,7 @@ def _stopped_error(stopped: StreamStopped, timeout_s: float) -> Exception:
             f"clawgym: the inference engine did not answer within {timeout_s:g} s",
             generation=stopped.generation,
         )
-    err = _engine_failed(stopped.cause, stopped.generation)
-    return err
+    return _engine_failed(stopped.cause, stopped.generation)
 
 
 def _write(writer: EventWriter, pieces: list[Piece]) -> list[bytes]:
