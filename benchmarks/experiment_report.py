@@ -267,12 +267,12 @@ def async_training_block(results: Path) -> str:
 
 def proxy_ab_block(results: Path) -> str:
     """benchmarks.proxy_ab's before/after figures, from its stored rows."""
-    from benchmarks.proxy_ab import FILE, ab_table, read_rows
+    from benchmarks.proxy_ab import FILE, ab_table, by_change, read_rows
 
     path = results / FILE
     if not path.is_file():
         return "No stored run yet: `python -m benchmarks.proxy_ab --before <checkout> --publish docs/results`.\n"
-    return ab_table(read_rows(path))
+    return "\n".join(f"**{change}**\n\n{ab_table(rows)}" for change, rows in by_change(read_rows(path)).items())
 
 
 # ------------------------------------------------------------------------------------------- the docs

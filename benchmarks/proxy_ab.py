@@ -1,13 +1,14 @@
 """The proxy before and after a change, side by side in one run: two checkouts, benchmarked alternately.
 
     git worktree add /tmp/before <commit>       # the code before the change
-    .venv/bin/python -m benchmarks.proxy_ab --before /tmp/before --rounds 3 --publish docs/results
+    .venv/bin/python -m benchmarks.proxy_ab --before /tmp/before --rounds 3 --change "what changed" --publish docs/results
 
 Each round runs, for each checkout in turn (the order flips every round, so a drift of the machine's speed
 falls on both), `benchmarks.proxy_load --levels 1,64` (HTTP, the client in its own process: calls per proxy
 CPU-second and the latency the proxy adds) and `benchmarks.proxy_handler --calls 4,32` (no sockets: the
-handler's own CPU per call), each from that checkout's own code. The rows (one per checkout, round and
-figure, with the commit, the CPU and the load) go to `proxy_ab.jsonl.gz`; `ab_table` gives each figure's
+handler's own CPU per call, and `close_rollout`'s where the checkout's benchmark measures it), each from that
+checkout's own code. The rows (one per change, checkout, round and figure, with the commit, the CPU and the
+load) are merged into `proxy_ab.jsonl.gz` (a change measured again replaces its rows); `ab_table` gives each figure's
 median per checkout and the ratio after / before, which docs/proxy.md shows (generated block "proxy-ab").
 Medians of alternated runs, because this host's speed moves by tens of percent over minutes.
 """
@@ -35,7 +36,9 @@ FIGURES = {  # figure -> (what it is, better when higher)
     "added_median_ms_n64": ("added latency, median, 64 rollouts (ms)", False),
     "handler_us_4_calls": ("handler CPU per call, 4-call rollouts (µs)", False),
     "handler_us_32_calls": ("handler CPU per call, 32-call rollouts (µs)", False),
+    "close_us_32_calls": ("close_rollout CPU per call handed back, 32-call rollouts (µs)", False),
 }
+FIRST_CHANGE = "the call pipeline (#34)"  # rows stored before changes were named
 
 
 def cpu_name() -> str:
@@ -76,19 +79,22 @@ def measure(checkout: Path) -> dict[str, float]:
     handler = _python(
         checkout,
         "import json; from benchmarks.proxy_handler import main; "
-        "rows = main(['--calls', '4,32', '--runs', '1']); print(json.dumps([r['handler_us_per_call'] for r in rows]))",
+        "rows = main(['--calls', '4,32', '--runs', '1']); "
+        "print(json.dumps([[r['handler_us_per_call'], r.get('close_us_per_call')] for r in rows]))",
     )
+    close = {"close_us_32_calls": handler[1][1]} if handler[1][1] is not None else {}  # older benchmarks: none
     return {
         "calls_per_cpu_s_n1": load[1]["proxy_calls_per_cpu_s"],
         "calls_per_cpu_s_n64": load[64]["proxy_calls_per_cpu_s"],
         "added_median_ms_n1": load[1]["added_median_ms"],
         "added_median_ms_n64": load[64]["added_median_ms"],
-        "handler_us_4_calls": handler[0],
-        "handler_us_32_calls": handler[1],
+        "handler_us_4_calls": handler[0][0],
+        "handler_us_32_calls": handler[1][0],
+        **close,
     }
 
 
-def run(before: Path, after: Path, rounds: int) -> list[dict[str, Any]]:
+def run(before: Path, after: Path, rounds: int, change: str) -> list[dict[str, Any]]:
     sides = {"before": (before, commit_of(before)), "after": (after, commit_of(after))}
     rows: list[dict[str, Any]] = []
     for round_ in range(rounds):
@@ -100,6 +106,7 @@ def run(before: Path, after: Path, rounds: int) -> list[dict[str, Any]]:
             for figure, value in figures.items():
                 rows.append(
                     {
+                        "change": change,
                         "side": side,
                         "commit": commit,
                         "round": round_,
@@ -136,6 +143,18 @@ def ab_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def change_of(row: dict[str, Any]) -> str:
+    return row.get("change", FIRST_CHANGE)
+
+
+def by_change(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The stored rows per change, in the order first stored."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(change_of(row), []).append(row)
+    return out
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -146,14 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the code before the change")
     parser.add_argument("--after", type=Path, default=ROOT, help="a checkout of the code after (default: this one)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--publish", type=Path, help=f"write the rows to DIR/{FILE} (replacing it)")
+    parser.add_argument("--change", default="change", help="what changed (the stored rows of one change go together)")
+    parser.add_argument("--publish", type=Path, help=f"merge the rows into DIR/{FILE} (replacing this change's)")
     args = parser.parse_args(argv)
-    rows = run(args.before.resolve(), args.after.resolve(), args.rounds)
+    rows = run(args.before.resolve(), args.after.resolve(), args.rounds, args.change)
     print(ab_table(rows))
     if args.publish:
+        path = args.publish / FILE
+        kept = [r for r in read_rows(path) if change_of(r) != args.change] if path.is_file() else []
         args.publish.mkdir(parents=True, exist_ok=True)
-        with gzip.open(args.publish / FILE, "wt") as f:
-            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+        with gzip.open(path, "wt") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept + rows)
     return 0
 
 

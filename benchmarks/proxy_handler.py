@@ -9,7 +9,8 @@ per proxy CPU-second). This one takes the HTTP server, the sockets and the clien
 a body and a `send` that keeps the bytes, handed to the proxy's `HotRoutes` (what uvicorn would call), on
 the same workload (`FastTestEngine`, a named test double, and the same append-only tool-calling chat). What
 is left is the proxy's own work per call (rendering, splicing, validation, streaming, recording), timed
-with the process's CPU clock around the handler only, so A/B runs of small changes are not drowned in the
+with the process's CPU clock around the handler only (and, apart, around `close_rollout`, which reads a
+rollout's calls back from the log for the trainer), so A/B runs of small changes are not drowned in the
 noise of the other two processes. The conversation grows with `--calls`, as a real rollout's does.
 """
 
@@ -91,12 +92,12 @@ async def measure(
     await proxy.start()
     app = proxy.asgi
     tools = orjson.dumps(TOOLS)
-    handler_cpu = 0.0
+    handler_cpu = close_cpu = 0.0
     statuses: dict[int, int] = {}
     recorded = drift = 0
 
     async def rollout(name: str) -> None:
-        nonlocal handler_cpu, recorded, drift
+        nonlocal handler_cpu, close_cpu, recorded, drift
         route = proxy.open_rollout(name, policy, RolloutLimits(max_calls=calls + 1))
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": name}]
         for _ in range(calls):
@@ -107,7 +108,10 @@ async def measure(
             statuses[status] = statuses.get(status, 0) + 1
             events = [line[6:] for line in answer.split(b"\n") if line.startswith(b"data: ")]
             next_turn(messages, events)
-        for call in proxy.close_rollout(name):
+        start = time.process_time()
+        calls_back = proxy.close_rollout(name)  # the rollout's calls handed to the trainer
+        close_cpu += time.process_time() - start
+        for call in calls_back:
             recorded += 1
             drift += call.drift_events
 
@@ -115,7 +119,7 @@ async def measure(
         await rollout(f"warm{i}")
     statuses.clear()
     recorded = drift = 0
-    handler_cpu = 0.0
+    handler_cpu = close_cpu = 0.0
     gc.collect()
     queue = [f"r{i}" for i in range(rollouts)]
 
@@ -143,6 +147,7 @@ async def measure(
         "drift_events": drift,
         "statuses": statuses,
         "handler_us_per_call": 1e6 * handler_cpu / max(total, 1),
+        "close_us_per_call": 1e6 * close_cpu / max(total, 1),  # close_rollout's CPU, per call it hands back
     }
 
 
@@ -176,7 +181,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         rows.append(best)
         print(
             f"{calls:3d} calls per rollout x {rollouts} rollouts: handler {best['handler_us_per_call']:6.0f} µs per "
-            f"call (runs {best['runs_us']}), answers {best['statuses']}, recorded {best['recorded']}, "
+            f"call (runs {best['runs_us']}), close_rollout {best['close_us_per_call']:5.0f} µs per call, "
+            f"answers {best['statuses']}, recorded {best['recorded']}, "
             f"drift {best['drift_events']}",
             flush=True,
         )

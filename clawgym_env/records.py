@@ -36,9 +36,9 @@ import operator
 import os
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -168,6 +168,13 @@ class RolloutClosed(BaseModel):
 
     rollout_id: str
     last_call: int  # the call index of the rollout's latest line in the log when it closed
+
+
+class LineSpan(NamedTuple):
+    """Where one call's line is in its log: what `read_lines` reads back without scanning the file."""
+
+    offset: int
+    length: int
 
 
 def _fields_of(value: Any) -> dict[str, Any]:
@@ -351,12 +358,15 @@ class CallLog:
         self._receipts: Any = None  # the receipts file, opened on first use
         self._written: dict[str, dict[int, ModelCall]] = {}  # per rollout, its calls written here, in order
 
-    def append(self, call: ModelCall) -> None:
-        """Write one record; serialization errors raise before anything is written."""
+    def append(self, call: ModelCall) -> LineSpan:
+        """Write one record and say where its line is (for `read_lines`); serialization errors raise before
+        anything is written."""
         written = self._written.get(call.rollout_id)
-        self._write(self._fh, delta_line(call, written) if written else record_line(call))
+        line = delta_line(call, written) if written else record_line(call)
+        end = self._write(self._fh, line)
         with self._lock:
             _keep_latest(self._written.setdefault(call.rollout_id, {}), call)
+        return LineSpan(offset=end - len(line), length=len(line))
 
     def forget(self, rollout_id: str) -> None:
         """Stop keeping a rollout's calls (its later calls, if any, are written whole) and note that it closed
@@ -383,8 +393,8 @@ class CallLog:
             if fh is not None and not fh.closed:
                 os.fsync(fh.fileno())
 
-    def _write(self, fh: Any, line: bytes) -> None:
-        """Write the whole line or nothing: a write the disk cuts short (full, over a size limit) returns how
+    def _write(self, fh: Any, line: bytes) -> int:
+        """Write the whole line or nothing, and return where the file ends after it: a write the disk cuts short (full, over a size limit) returns how
         much it took without raising; the rest is retried, and if that fails the file is cut back to where
         the line began (its size less what this line put there: only a failed line pays for the `fstat`), so
         no fragment is left for the next line to be glued to (or to refer to)."""
@@ -401,6 +411,7 @@ class CallLog:
                     view = view[written:]
                 if self.fsync:
                     os.fsync(fd)
+                return fh.tell()  # appended: the position is the file's end
             except BaseException:
                 end = os.fstat(fd)
                 if stat.S_ISREG(end.st_mode):
@@ -437,6 +448,37 @@ def _repair_torn_tail(fd: int) -> int:
         end = start
     os.ftruncate(fd, end)
     return size - end
+
+
+def _call_of(data: dict[str, Any], earlier: Mapping[int, ModelCall]) -> ModelCall:
+    """The call a parsed line holds, its references to `earlier` calls of its rollout resolved."""
+    if "prompt_from" in data or "request_from" in data or "segments_from" in data:
+        _resolve(data, earlier)
+    return ModelCall.model_validate(data)
+
+
+def read_lines(
+    path: Path, spans: Sequence[LineSpan], receipts: Mapping[int, bool | None] | None = None
+) -> list[ModelCall]:
+    """One rollout's calls read back from its lines of a log (`CallLog.append` said where each one is, in the
+    order written), whole, with `receipts` (call index -> delivered, None while awaited) put on them: how the
+    proxy hands out a rollout's calls, so they are always what was recorded. Raises ValueError if a line does
+    not read back."""
+    earlier: dict[int, ModelCall] = {}
+    calls = []
+    with open(path, "rb") as fh:
+        for span in spans:
+            fh.seek(span.offset)
+            raw = fh.read(span.length)
+            try:
+                call = _call_of(orjson.loads(raw), earlier)
+            except (orjson.JSONDecodeError, ValidationError, _Unresolved, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}: the line at byte {span.offset} does not read back as a call: {exc}") from exc
+            _keep_latest(earlier, call)
+            if receipts and call.call_index in receipts:
+                call.delivered = receipts[call.call_index]
+            calls.append(call)
+    return calls
 
 
 class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for call in read_calls(path)`
@@ -506,9 +548,7 @@ class read_calls(Iterator[ModelCall]):  # lower case: used like a function, `for
                 ):
                     continue
                 try:
-                    if "prompt_from" in data or "request_from" in data or "segments_from" in data:
-                        _resolve(data, earlier.get(data.get("rollout_id"), {}))
-                    call = ModelCall.model_validate(data)
+                    call = _call_of(data, earlier.get(data.get("rollout_id"), {}))
                 except (ValidationError, _Unresolved, KeyError, TypeError):
                     self.torn_lines += 1
                     continue

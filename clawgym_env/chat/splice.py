@@ -132,7 +132,7 @@ class GenerationMemory:
     def rebase(self, old: list[int], new: list[int]) -> None:
         """The generations prompted with a prefix of `old` read their prompts from `new` instead, which begins
         with all of `old` (the next prompt of their agent, which extends it): `old` can be freed. So a rollout
-        keeps one list of ids per agent, not one per call (RolloutState.fold)."""
+        keeps one list of ids per agent, not one per call (RolloutState.completed)."""
         with self._lock:
             self._on_tape.move(old, new)
 

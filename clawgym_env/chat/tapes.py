@@ -1,8 +1,8 @@
 """`TapeIndex`: which records read their ids from which list, so all of them can move to a longer one.
 
-An open rollout's calls and generations read their prompt ids as the start of a "tape": their own prompt at
-first, and, once a later prompt of their agent begins with it, that later prompt (`RolloutState.fold`,
-`GenerationMemory.rebase`). One list per agent then holds what every call of it was prompted with.
+An open rollout's remembered generations read their prompt ids as the start of a "tape": their own prompt at
+first, and, once a later prompt of their agent begins with it, that later prompt (`GenerationMemory.rebase`,
+called by `RolloutState.completed`). One list per agent then holds what every call of it was prompted with.
 """
 
 from __future__ import annotations

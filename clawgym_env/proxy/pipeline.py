@@ -357,14 +357,14 @@ class CallPipeline:
     ) -> None:
         """Record the call (raises RecordFailed), then let later calls splice it, then ask for a delivery receipt.
 
-        The log line says "not delivered" until a receipt says otherwise; in memory it is None until then.
+        The log line says "not delivered" until a receipt says otherwise; read back before the receipt, the
+        call says "not known yet" (None).
         """
         call.delivered = False
         try:
             self._finish_record(state, call, t0)
         except OSError as exc:
             raise RecordFailed(str(exc)) from exc
-        call.delivered = None
         state.memory.remember(
             call.call_index,
             plan.rendered.prompt_ids,
@@ -375,7 +375,9 @@ class CallPipeline:
         )
         state.completed(call)  # only a recorded generation is what later prompts are compared with
         if caller.when_delivered is not None:
-            caller.when_delivered(lambda delivered: self.recorder.receipt(call, delivered))  # holds the call only
+            receipts = state.receipts  # the callback holds this and the call only, not a closed rollout's state
+            receipts[call.call_index] = None  # awaited: the call reads back as "not known yet" until then
+            caller.when_delivered(lambda delivered: self.recorder.receipt(receipts, call, delivered))
 
     # ------------------------------------------------------------------------------ live streams
     async def _start_live_stream(
@@ -499,7 +501,7 @@ class CallPipeline:
             self.recorder.log.sync()  # no answer to hold back here: sync now, as CallLog(fsync=True) would
         if call.generated_ids and call.error is None:
             state.completed(call)  # after the record, as for an HTTP call: its line may refer to the previous one
-        return call.model_copy()  # the rollout's own may have its ids folded into a later call's (RolloutState.fold)
+        return call
 
 
 def _budget_left(state: RolloutState) -> None:

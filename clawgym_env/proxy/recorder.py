@@ -8,7 +8,7 @@ from pathlib import Path
 from clawgym_env.proxy.durability import GroupCommit
 from clawgym_env.proxy.guards import GuardStats
 from clawgym_env.proxy.rollout_state import RolloutState
-from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall
+from clawgym_env.records import CallLog, DeliveryReceipt, ModelCall, read_lines
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -32,24 +32,35 @@ class Recorder:
         return self.log
 
     def record(self, state: RolloutState, call: ModelCall) -> None:
-        """Append the call to the log (and the rollout's list); raises OSError if the log cannot take it.
+        """Append the call to the log and note where its line is; raises OSError if the log cannot take it.
+        The record is final: the proxy never changes it, and `calls` reads it back from the line.
 
         A request the log's writer cannot serialize (nested past its limit) is recorded without it.
         """
         log_ = self.open()
         try:
-            log_.append(call)
+            line = log_.append(call)
         except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
             call.request = {"_omitted": f"not serializable: {exc}"}
-            log_.append(call)
+            line = log_.append(call)
         if self.group is not None:
             self.group.wrote()
-        state.calls.append(call)
+        state.lines.append(line)
         if state.closed:  # a call that finished after its rollout closed: the log need not keep it
             log_.forget(call.rollout_id)
 
-    def receipt(self, call: ModelCall, delivered: bool) -> None:
-        call.delivered = delivered
+    def calls(self, state: RolloutState) -> list[ModelCall]:
+        """The rollout's calls recorded so far, read back from the log with their receipts, in call order:
+        new objects, the caller's own (the one way a rollout's calls leave the proxy; a dead shard's are read
+        from the same log, `read_calls`)."""
+        if not state.lines:
+            return []
+        return sorted(read_lines(self.path, state.lines, state.receipts), key=lambda c: c.call_index)
+
+    def receipt(self, receipts: dict[int, bool | None], call: ModelCall, delivered: bool) -> None:
+        """Whether the call's reply reached its client whole: a line in the receipts file, and in its rollout's
+        `receipts` for `calls` (the call's record stays as written)."""
+        receipts[call.call_index] = delivered
         if self.log is None:
             return  # the proxy stopped; the record keeps delivered=False
         try:

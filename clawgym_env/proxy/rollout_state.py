@@ -10,12 +10,11 @@ from pydantic import BaseModel, Field
 
 from clawgym_env.chat.renderers.base import RenderedPrompt
 from clawgym_env.chat.splice import GenerationMemory
-from clawgym_env.chat.tapes import TapeIndex
 from clawgym_env.interfaces import Policy, RolloutLimits, RolloutRoute
 from clawgym_env.prefix import check_prefix, common_prefix_length, extends, same_root
 from clawgym_env.proxy.apis.base import ValidatedItems
 from clawgym_env.proxy.request_sharing import RequestMemory
-from clawgym_env.records import ModelCall, PrefixCheck
+from clawgym_env.records import LineSpan, ModelCall, PrefixCheck
 
 __all__ = ["ROLLOUT_ID_RE", "RolloutState", "RolloutStats", "common_prefix_length"]
 
@@ -52,16 +51,6 @@ class RolloutStats(BaseModel):
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
 
-@dataclass(slots=True)
-class _Fold:
-    """Where a recorded call's ids are kept once a later call of its agent extends them: the first
-    `prompt_length` ids of `tape` are its prompt, the next `generated_length` its generation."""
-
-    tape: list[int]
-    prompt_length: int
-    generated_length: int
-
-
 @dataclass
 class RolloutState:
     route: RolloutRoute
@@ -69,7 +58,8 @@ class RolloutState:
     limits: RolloutLimits
     stats: RolloutStats
     memory: GenerationMemory = field(default_factory=GenerationMemory)
-    calls: list[ModelCall] = field(default_factory=list)
+    lines: list[LineSpan] = field(default_factory=list)  # where each recorded call is in the log, in order
+    receipts: dict[int, bool | None] = field(default_factory=dict)  # call index -> delivered (None: awaited)
     requests: RequestMemory = field(default_factory=RequestMemory)  # the next request shares what it repeats
     validated: ValidatedItems = field(default_factory=ValidatedItems)  # ...and validates only what it adds
     next_index: int = 0
@@ -79,8 +69,6 @@ class RolloutState:
     last_agent: int | None = None  # the agent of the latest completed call
     _agent_of: dict[int, int] = field(default_factory=dict)  # call index -> its agent, decided when checked
     _agents_seen: int = 0  # agents numbered in order of their first checked call
-    _folds: dict[int, _Fold] = field(default_factory=dict)  # call index -> where its ids are (fold)
-    _on_tape: TapeIndex[_Fold] = field(default_factory=TapeIndex)  # the folds, by the list they read
     closed: bool = False
 
     def check_prefix(self, call: ModelCall) -> PrefixCheck:
@@ -108,8 +96,10 @@ class RolloutState:
         return check
 
     def completed(self, call: ModelCall) -> None:
-        """A call that generated: later prompts of its agent are compared with its full ids. The agent's
-        previous call, when this prompt extends its ids, is folded into this prompt (`fold`)."""
+        """A call that generated: later prompts of its agent are compared with its full ids. When its prompt
+        extends the agent's previous call, the generations remembered on that call's prompt read it from this
+        one (`GenerationMemory.rebase`): an open rollout keeps one list of ids per agent, not one per call (its
+        calls are in the log, read back whole by `read_lines`)."""
         agent = self._agent_of.pop(call.call_index, None)
         if agent is None or agent not in self.agents:  # a new root, unless a concurrent call just opened it
             known = next((a for a, c in self.agents.items() if same_root(call.prompt_ids, call.segments, c)), None)
@@ -121,42 +111,8 @@ class RolloutState:
         self.agents[agent] = call
         self.last_agent = agent
         check = call.prefix
-        if (
-            previous is not None
-            and not self.closed  # close_rollout has handed the calls out whole: they are the caller's now
-            and check is not None
-            and check.extended
-            and check.previous_call == previous.call_index
-        ):
-            self.fold(previous, call.prompt_ids)
-
-    def fold(self, call: ModelCall, tape: list[int]) -> None:
-        """Keep `call`'s prompt and generated ids as the start of `tape` (a later prompt of its agent, which
-        begins with them), and so the calls and generations already kept on `call`'s prompt: each call's
-        prompt is the one before it plus a few turns, so one list per agent holds them all, and an open
-        rollout's memory grows with its tokens, not with its calls times its tokens. `whole()` gives the
-        call back with its own lists."""
-        old = call.prompt_ids
-        if call.call_index in self._folds or tape is old:
-            return
-        self._on_tape.move(old, tape)
-        self._on_tape.add(fold := _Fold(tape, len(old), len(call.generated_ids)))
-        self._folds[call.call_index] = fold
-        call.prompt_ids, call.generated_ids = [], []
-        self.memory.rebase(old, tape)
-
-    def whole(self, call: ModelCall, in_place: bool = False) -> ModelCall:
-        """`call` with its own prompt and generated ids: a copy (a later fold does not change it), or, when
-        `in_place`, the call itself, no longer folded (close_rollout)."""
-        fold = self._folds.pop(call.call_index, None) if in_place else self._folds.get(call.call_index)
-        if fold is None:
-            return call if in_place else call.model_copy()
-        end = fold.prompt_length + fold.generated_length
-        ids = {"prompt_ids": fold.tape[: fold.prompt_length], "generated_ids": fold.tape[fold.prompt_length : end]}
-        if not in_place:
-            return call.model_copy(update=ids)
-        call.prompt_ids, call.generated_ids = ids["prompt_ids"], ids["generated_ids"]
-        return call
+        if previous is not None and check is not None and check.extended and check.previous_call == previous.call_index:
+            self.memory.rebase(previous.prompt_ids, call.prompt_ids)
 
     def keep_resume(self, rendered: RenderedPrompt) -> None:
         """Keep where this render left off for the rollout's next calls (one per agent, the latest few agents):

@@ -291,7 +291,7 @@ class ServingProxy:
         while len(self._closed) > self.keep_closed:
             forgotten, _ = self._closed.popitem(last=False)
             self._closed_keys.pop(forgotten, None)
-        return sorted((state.whole(c, in_place=True) for c in state.calls), key=lambda c: c.call_index)
+        return self.recorder.calls(state)
 
     def stats(self, rollout_id: str) -> RolloutStats:
         """An open rollout's stats, or a closed one's while it is among the latest `keep_closed` closed."""
@@ -338,9 +338,8 @@ class ServingProxy:
         return state
 
     def calls(self, rollout_id: str) -> list[ModelCall]:
-        """Copies of the calls recorded so far for an open rollout (the rollout may fold their ids later)."""
-        state = self._rollouts[rollout_id]
-        return sorted((state.whole(c) for c in state.calls), key=lambda c: c.call_index)
+        """The calls recorded so far for an open rollout, read back from the log (the caller's own objects)."""
+        return self.recorder.calls(self._open_state(rollout_id))
 
     def _authorize(self, request: Request, rollout_id: str, style: ApiStyle) -> RolloutState:
         """The open rollout whose key was sent. Without that key every route answers the same 401, so a
