@@ -212,7 +212,7 @@ class ClawGymEnv(gym.Env[dict[str, str], Policy]):
 
     def close(self) -> None:
         # The shared default runtime outlives one env; a private one (own run_dir) is closed with it.
-        if self._runtime is not None and self._runtime is not Runtime._default:
+        if self._runtime is not None and not Runtime.is_default(self._runtime):
             self._runtime.close()
         self._runtime = None
         super().close()

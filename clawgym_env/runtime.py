@@ -95,6 +95,11 @@ class Runtime:
         atexit.register(self.close)
 
     @classmethod
+    def is_default(cls, runtime: Runtime) -> bool:
+        """Whether `runtime` is the shared default one (which outlives the envs that use it)."""
+        return runtime is cls._default
+
+    @classmethod
     def default(cls) -> Runtime:
         with cls._default_lock:
             if cls._default is None or cls._default._closed:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from clawgym_env.chat.conversation import ToolCall
 from clawgym_env.chat.renderers.base import ParsedOutput
-from clawgym_env.chat.renderers.toolcall_parsing import _calls_from_json, split_reasoning
+from clawgym_env.chat.renderers.toolcall_parsing import calls_from_json, split_reasoning
 from clawgym_env.engines.token_stream import can_abort, collect, stream_tokens
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
 
@@ -286,7 +286,7 @@ class StreamSplitter:
             self._scan = len(text)
             for match in list(_CLOSED_TAG.finditer(text, self._tags_from))[len(self.calls) :]:
                 try:
-                    found = _calls_from_json(json.loads(match.group(1)), None, strict=False)
+                    found = calls_from_json(json.loads(match.group(1)), None, strict=False)
                 except json.JSONDecodeError:
                     found = None
                 if not found or len(found) != 1:

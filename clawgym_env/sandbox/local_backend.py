@@ -232,6 +232,10 @@ class LocalSandboxBackend:
         await asyncio.gather(*(s.destroy() for s in list(self._sandboxes)), return_exceptions=True)
         await self.wait_removed()
 
+    def forget(self, sandbox: LocalSandbox) -> None:
+        """A sandbox whose removal finished: the backend no longer waits for it or destroys it at close."""
+        self._sandboxes.discard(sandbox)
+
     async def wait_removed(self) -> None:
         """Wait until every destroyed sandbox's processes are reaped and its cgroup and folder removed."""
         await asyncio.gather(*(s.wait_removed() for s in list(self._sandboxes)), return_exceptions=True)

@@ -649,7 +649,7 @@ class LocalSandbox:
             # also when cancelled (the event loop is closing): finish here rather than leave it for atexit
             if not self._removed:
                 self._remove_host_state()
-            self._backend._sandboxes.discard(self)
+            self._backend.forget(self)
 
     def destroy_now(self) -> None:
         """Synchronous destroy for interpreter exit (no event loop); also finishes a pending removal."""

@@ -19,7 +19,7 @@ from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory import filters
 from clawgym_env.trajectory.forest import ForestStats, TrajectoryForest
-from clawgym_env.trajectory.trie import _COLUMNS, PreparedCall, RootKey, TreeBuilder
+from clawgym_env.trajectory.trie import NODE_COLUMNS, PreparedCall, RootKey, TreeBuilder
 
 _ARRAY_FIELDS = ("tokens", "parents", "generated", "logprobs", "policy_versions", "call_index", "source", "depth")
 
@@ -206,7 +206,7 @@ def _assemble(
             parts[name].append(col)
         offset += int(keep.sum())
     arrays = {
-        name: (np.concatenate(p) if p else np.zeros(0, _COLUMNS[name][0])).astype(_COLUMNS[name][0], copy=False)
+        name: (np.concatenate(p) if p else np.zeros(0, NODE_COLUMNS[name][0])).astype(NODE_COLUMNS[name][0], copy=False)
         for name, p in parts.items()
     }
     parents = arrays["parents"]

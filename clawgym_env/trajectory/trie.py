@@ -22,7 +22,7 @@ GENERATED = SOURCE_CODE["generated"]
 SPLICED = SOURCE_CODE["assistant_spliced"]
 UNKNOWN = SOURCE_CODE["unknown"]
 
-_COLUMNS: dict[str, tuple[type, float | int]] = {
+NODE_COLUMNS: dict[str, tuple[type, float | int]] = {
     # name: (dtype, fill value for a fresh row)
     "tokens": (np.int64, 0),
     "parents": (np.int64, -1),
@@ -113,7 +113,7 @@ class TreeBuilder:
     relocated_splice_tokens: int = 0
 
     def __post_init__(self) -> None:
-        self.cols = {name: np.full(self.capacity, fill, dtype) for name, (dtype, fill) in _COLUMNS.items()}
+        self.cols = {name: np.full(self.capacity, fill, dtype) for name, (dtype, fill) in NODE_COLUMNS.items()}
 
     def match(self, ids: list[int]) -> tuple[int, np.ndarray]:
         """Longest common prefix of `ids` with this tree, and the node path of that prefix."""
@@ -133,7 +133,7 @@ class TreeBuilder:
         if need <= self.capacity:
             return
         new_cap = max(need, 2 * self.capacity)
-        for name, (dtype, fill) in _COLUMNS.items():
+        for name, (dtype, fill) in NODE_COLUMNS.items():
             col = np.full(new_cap, fill, dtype)
             col[: self.size] = self.cols[name][: self.size]
             self.cols[name] = col

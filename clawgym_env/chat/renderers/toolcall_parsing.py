@@ -48,7 +48,9 @@ def _as_tool_call(obj: Any, tool_names: set[str] | None, strict: bool) -> ToolCa
     return ToolCall(name=obj["name"], arguments=arguments)
 
 
-def _calls_from_json(value: Any, tool_names: set[str] | None, strict: bool) -> list[ToolCall] | None:
+def calls_from_json(value: Any, tool_names: set[str] | None, strict: bool) -> list[ToolCall] | None:
+    """The tool calls a parsed JSON value holds (one object or a list of them), or None if any item is not one
+    (`strict`: no keys beyond name / arguments / parameters; `tool_names`: only these names)."""
     items = value if isinstance(value, list) else [value]
     calls = [_as_tool_call(item, tool_names, strict) for item in items]
     if not calls or any(c is None for c in calls):
@@ -65,7 +67,7 @@ def _tagged_calls(text: str, tool_names: set[str] | None) -> tuple[list[ToolCall
             value = json.loads(body)
         except json.JSONDecodeError:
             continue
-        found = _calls_from_json(value, tool_names, strict=False)
+        found = calls_from_json(value, tool_names, strict=False)
         if found:
             calls.extend(found)
     if not calls:
@@ -81,7 +83,7 @@ def _fenced_calls(text: str, tool_names: set[str] | None) -> tuple[list[ToolCall
             value = json.loads(match.group(1))
         except json.JSONDecodeError:
             continue
-        found = _calls_from_json(value, tool_names, strict=True)
+        found = calls_from_json(value, tool_names, strict=True)
         if found:
             calls.extend(found)
             spans.append(match.span())
@@ -104,7 +106,7 @@ def _bare_calls(text: str, tool_names: set[str] | None) -> tuple[list[ToolCall],
         except json.JSONDecodeError:
             pos = start + 1
             continue
-        found = _calls_from_json(value, tool_names, strict=True)
+        found = calls_from_json(value, tool_names, strict=True)
         if found:
             calls.extend(found)
             spans.append((start, end))
