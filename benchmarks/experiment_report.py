@@ -185,6 +185,17 @@ class Matrix:
                 )
                 + "."
             )
+        from benchmarks.transfer_matrix import ALGORITHMS, ARMS
+
+        for arm, algorithm in ALGORITHMS.items():
+            (h,) = ARMS[arm]
+            if (arm, h) in self.cells and (h, h) in self.cells:
+                d = difference(self.rows, arm, h, h, comparisons=self.comparisons, suite=self.suite)
+                out.append(
+                    f"5. *{algorithm.upper()} and GRPO both train through {h} and end close*: {algorithm.upper()} "
+                    f"{_fmt(self.cells[(arm, h)])}, GRPO {_fmt(self.cells[(h, h)])}; {algorithm.upper()} minus GRPO "
+                    f"{_fmt(d)}, {'shown' if d.shown else 'no difference detectable'}."
+                )
         return "\n".join(out) + "\n"
 
     def mixed(self) -> list[tuple[str, str, Estimate]]:

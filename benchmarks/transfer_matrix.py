@@ -6,7 +6,8 @@
     .venv/bin/python -m benchmarks.transfer_matrix --quick --out runs/matrix-quick   # tiny model, 1 step (plumbing)
 
 Arms (how the policy is trained): the white-box loop, OpenClaw, Claude Code and OpenClaw + Claude Code in one
-batch (the article's), with pi and pi + Claude Code on request. Every arm trains with the main job's learning
+batch (the article's), with pi, pi + Claude Code and Claude Code trained with PPO (`ClaudeCode-PPO`, the
+article's PPO against GRPO) on request. Every arm trains with the main job's learning
 recipe (`trainers.main_job`) from the same untrained policy, once per seed, on the same training budget: two
 GRPO groups of 8 rollouts per step (a mixed arm: one group per harness). Every trained policy and the
 untrained one are evaluated on the same held-out ClawGymBench tasks (one suite seed for all; 16 tasks x 4
@@ -53,8 +54,12 @@ ARMS: dict[str, list[str]] = {
     "OpenClaw+ClaudeCode": ["OpenClaw", "ClaudeCode"],
     "Pi": ["Pi"],
     "Pi+ClaudeCode": ["Pi", "ClaudeCode"],
+    "ClaudeCode-PPO": ["ClaudeCode"],
 }
 """Training arms: the harnesses of one training batch."""
+ALGORITHMS: dict[str, str] = {"ClaudeCode-PPO": "ppo"}
+"""Arms trained with another algorithm than the recipe's GRPO (the article: PPO and GRPO through Claude Code
+both train stably and end close), on the same budget."""
 DEFAULT_ARMS = ["WhiteBox", "OpenClaw", "ClaudeCode", "OpenClaw+ClaudeCode"]
 EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode", "Pi"]
 DEFAULT_EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode"]
@@ -139,7 +144,7 @@ class MatrixReport(BaseModel):
 
     def table(self) -> Table:
         table = Table(
-            title=f"{SUITE} transfer matrix: {self.model}, GRPO; held-out reward before→after "
+            title=f"{SUITE} transfer matrix: {self.model}, GRPO (PPO where the arm says so); held-out reward before→after "
             f"(gain [95 % interval], n=seeds; {self.comparisons} comparisons)"
         )
         table.add_column("trained in", no_wrap=True)
@@ -185,6 +190,8 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
     if harnesses != ["WhiteBox"]:
         overrides.append("env.ids=[" + ",".join(f"{SUITE}-{h}" for h in harnesses) + "]")
     overrides += [f"env.tasks_per_step={GROUPS_PER_STEP // len(harnesses)}", f"eval.repeats={EVAL_REPEATS}"]
+    if arm in ALGORITHMS:
+        overrides.append(f"algorithm={ALGORITHMS[arm]}")
     if settings.quick:
         overrides += QUICK
     return [

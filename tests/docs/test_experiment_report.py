@@ -103,3 +103,29 @@ def test_the_proxy_ab_table_gives_medians_and_ratios() -> None:
     table = ab_table(rows)
     assert "| handler CPU per call, 4-call rollouts (µs) | 300.00 | 330.00 | 1.10 |" in table
     assert "Medians of 3 alternated rounds" in table and "calls per proxy" not in table
+
+
+def test_a_ppo_arm_is_compared_with_grpo_in_its_harness(tmp_path: Path) -> None:
+    """The article's PPO against GRPO through Claude Code: claim 5 gives both gains and their difference."""
+    rows = []
+    for seed in range(4):
+        for task in range(4):
+            for rep in range(2):
+                base = 0.5 if (seed + task + rep) % 2 else 0.0
+                common = {"experiment": "transfer_matrix", "seed": seed, "suite": "ClawGymBench", "task_id": f"t{task}"}
+                common |= {"eval_harness": "ClaudeCode", "repeat": rep}
+                rows.append(EvidenceRow(**common, arm="untrained", phase="before", reward=base))
+                for arm in ("ClaudeCode", "ClaudeCode-PPO"):
+                    rows.append(EvidenceRow(**common, arm=arm, phase="after", reward=min(1.0, base + 0.5)))
+    write_rows(tmp_path / "transfer_matrix.jsonl.gz", rows)
+    claims = blocks(tmp_path)["transfer-claims"]
+    line = next(x for x in claims.splitlines() if x.startswith("5. "))
+    assert "*PPO and GRPO both train through ClaudeCode and end close*" in line
+    assert "PPO minus GRPO +0.000" in line and "no difference detectable" in line
+
+
+def test_proxy_ab_rows_are_kept_per_change() -> None:
+    from benchmarks.proxy_ab import FIRST_CHANGE, by_change
+
+    rows = [{"figure": "f", "side": "before"}, {"change": "records", "figure": "f", "side": "after"}]
+    assert list(by_change(rows)) == [FIRST_CHANGE, "records"]  # rows stored before changes had names: the first

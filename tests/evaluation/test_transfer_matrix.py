@@ -104,6 +104,7 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         assert cfg.env.eval_tasks * cfg.eval.repeats == 64  # held-out rollouts per evaluation
         assert "qwen2.5-coder-0.5b" in cfg.model.name and cfg.model.lora.enabled  # the learning test's recipe
         assert cfg.checkpoint.resume == "auto" and not cfg.eval.at_start
+        assert cfg.algorithm.name == ("ppo" if arm.endswith("-PPO") else "grpo"), arm
 
 
 def trained_rows(rows: list[EvidenceRow]) -> list[EvidenceRow]:
