@@ -14,7 +14,8 @@ from clawgym_env.runtime import FailureCounter
 
 def test_64_concurrent_rollouts_once(tmp_path):
     report = run_load(concurrency=64, duration_s=120, max_rollouts=64, work_dir=tmp_path, keep_closed=16)
-    assert (report["rollouts"], report["ok"], report["errors"], report["failures"]) == (64, 64, 0, {})
+    outcome = (report["rollouts"], report["ok"], report["errors"], report["failures"])
+    assert outcome == (64, 64, 0, {}), f"failures by stage and reason: {report['failures']}"  # the whole reason
     assert report["calls"] == 128  # every rollout: the write tool call and the final answer
     assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
     # what stays once all 64 are done (docs/reliability.md): no open route, closed stats only up to the bound, no task
