@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.headline import emit
 from clawgym_env.engines.models import load_policy_model
 from clawgym_env.engines.tokenizer import load_qwen_tokenizer
 from clawgym_env.engines.transformers_engine import TransformersEngine
@@ -270,6 +271,15 @@ def main() -> None:
     for key, value in results.items():
         print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     print(json.dumps(results))
+    if args.compare_engines:
+        vllm, server = results["vllm_vs_transformers_tok_s"], results["server_vs_transformers_tok_s"]
+        workload = "replayed rollouts" if args.replay else f"{args.concurrency} synthetic 4-call rollouts"
+        emit(
+            "engines",
+            vllm,
+            f"vLLM in-process {vllm:.2f}x, vLLM server {server:.2f}x the transformers engine's generated tokens/s "
+            f"({args.model}, vLLM dtype {args.vllm_dtype}, {workload})",
+        )
 
 
 if __name__ == "__main__":

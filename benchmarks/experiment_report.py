@@ -286,6 +286,13 @@ def proxy_ab_block(results: Path) -> str:
     return "\n".join(f"**{change}**\n\n{ab_table(rows)}" for change, rows in by_change(read_rows(path)).items())
 
 
+def readme_table_block(results: Path) -> str:
+    """The README's benchmark table, from benchmarks.readme_table's stored figures."""
+    from benchmarks.readme_table import FILE, read_stored, table
+
+    return table(read_stored(results / FILE))
+
+
 # ------------------------------------------------------------------------------------------- the docs
 def blocks(results: Path = RESULTS) -> dict[str, str]:
     return {
@@ -293,6 +300,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
         **matrix_blocks(_load("transfer_matrix", results)),
         "async-training": async_training_block(results),
         "proxy-ab": proxy_ab_block(results),
+        "readme-benchmarks": readme_table_block(results),
     }
 
 

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from benchmarks.headline import emit
 from clawgym_env.records import ModelCall
 from clawgym_env.specs import ForestOptions
 from clawgym_env.trajectory.packing import pack_forest, tree_logprobs
@@ -167,9 +168,17 @@ def main() -> None:
             prefix=600 if q else 3000, branches=4, branch_len=100 if q else 500, repeats=1 if q else 3
         ),
     }
+    a, c = results["a_reconstruction"], results["c_train_step_cpu"]
     if args.json:
         print(json.dumps(results, indent=2))
-        return
+    else:
+        report(results)
+    rate = a["unique_tokens_per_s"] / 1e6
+    emit("forest_reconstruction", rate, f"{rate:.1f} M unique tokens/s ({a['rollouts']} rollouts of 30k tokens)")
+    emit("forest_packed", c["speedup"], f"packed {c['speedup']:.2f}x faster than per branch")
+
+
+def report(results: dict) -> None:
     a, c = results["a_reconstruction"], results["c_train_step_cpu"]
     print(
         f"(a) reconstruction: {a['rollouts']} rollouts, {a['unique_tokens']:,} unique tokens "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.headline import emit  # noqa: E402
 from clawgym_env.chat import ChatMLRenderer  # noqa: E402
 from clawgym_env.engines import ScriptedTestEngine, load_qwen_tokenizer  # noqa: E402
 from clawgym_env.interfaces import Policy  # noqa: E402
@@ -122,6 +124,12 @@ async def main(repeats: int, openclaw_variants: bool) -> None:
             f"{r['model_s']:>9.3f}{r['overhead_s']:>11.2f}{r['peak_rss_mb']:>12.0f}{r['cpu_s']:>7.2f}{by_mem:>9}{by_cpu:>9}"
             + (f"  {r['failure']}" if r["failure"] else "")
         )
+    walls = {h: statistics.median(r["wall_s"] for r in rows if r["harness"] == h) for h in HARNESSES}
+    emit(
+        "harness",
+        walls["OpenClaw"],
+        "wall " + ", ".join(f"{walls[h]:.1f} s {h}" for h in HARNESSES) + f" (median of {repeats})",
+    )
     if base:
         print(
             "wall time relative to the white-box loop: "

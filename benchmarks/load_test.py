@@ -27,6 +27,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from benchmarks.headline import emit
+
 
 def rss_mb() -> float:
     """Resident memory of this process now (VmRSS), in MiB."""
@@ -227,6 +229,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     report = run_load(args.concurrency, args.duration_s, args.harness, args.max_rollouts, trace_top=args.trace_top)
     print(json.dumps(report, indent=2))
+    emit(
+        "load_test",
+        report["errors"],
+        f"{report['rollouts']:,} rollouts in {args.duration_s:.0f} s at {args.concurrency} concurrent, {report['errors']} "
+        f"errors, {report['leaked_sandbox_dirs'] + report['leaked_sandbox_processes']} leaked sandboxes or processes, "
+        f"RSS {report['rss_after_first_wave_mb']:.0f} → {report['rss_end_mb']:.0f} MB after the first wave",
+    )
     return report
 
 

@@ -57,6 +57,7 @@ from typing import Any
 import orjson
 
 # The workload of benchmarks.proxy_bench (a tool-calling agent chat), so the two measure the same calls.
+from benchmarks.headline import emit
 from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS, message_from_events
 
 
@@ -836,6 +837,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    top = [r for r in report["rows"] if r["n"] == max(levels)]
+    errors, rss = sum(r["errors"] for r in top), [r["proxy_rss_mb"] for r in top]
+    emit(
+        "proxy_load",
+        errors,
+        f"{errors} errors at N = {max(levels):,}, RSS after closing {' → '.join(f'{x:.0f}' for x in rss)} MB "
+        f"over {len(top)} rounds, {statistics.median(r['proxy_calls_per_cpu_s'] for r in top):,.0f} calls per proxy "
+        "CPU-second",
+    )
     return report
 
 

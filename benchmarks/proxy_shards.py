@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from benchmarks.headline import emit
 from benchmarks.proxy_bench import COMPLETIONS
 from benchmarks.proxy_load import FastTestEngine, client_commands, direct_baseline, remote_engine, use_uvloop
 
@@ -178,6 +179,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     if args.json:
         args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+    top_n = max(r["n"] for r in rows)
+    at = {r["shards"]: r for r in rows if r["n"] == top_n}
+    most, least = at[max(at)], at[min(at)]
+    emit(
+        "proxy_shards",
+        most["busiest_calls_per_cpu_s"],
+        f"busiest process {most['busiest_calls_per_cpu_s']:,.0f} calls per CPU-s with {most['shards']} shards vs "
+        f"{least['busiest_calls_per_cpu_s']:,.0f} with {least['shards']} at N = {top_n:,}, "
+        f"{sum(r['errors'] for r in rows)} errors",
+    )
     return rows
 
 

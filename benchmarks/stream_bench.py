@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.headline import emit
 from clawgym_env.interfaces import RolloutLimits, SamplingParams
 from clawgym_env.policies import make_policy
 from clawgym_env.proxy import ServingProxy
@@ -92,6 +93,8 @@ async def main(model: str, tokens: int, calls: int) -> None:
     )
     fb, total = med(direct, 0), med(direct, 2)
     print(f"| engine.stream() direct | {fb * 1e3:.1f} ms (first token) | - | {total * 1e3:.1f} ms | {fb / total:.3f} |")
+    live, buffered = (med(results[m], 0) / med(results[m], 2) for m in ("live", "buffered"))
+    emit("stream", live, f"first byte / total {live:.3f} live vs {buffered:.3f} buffered ({model})")
 
 
 if __name__ == "__main__":
