@@ -17,6 +17,9 @@ from trainers.model import LoraSettings
 from trainers.ppo import PPOConfig
 
 
+ADAPTER_ENGINES = ("vllm", "vllm_server")  # engines that load a LoRA adapter on their base weights
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -146,9 +149,9 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _adapter_sync_needs_vllm(self) -> TrainConfig:
-        if self.model.lora.enabled and self.model.lora.sync == "adapter" and self.engine.kind != "vllm":
+        if self.model.lora.enabled and self.model.lora.sync == "adapter" and self.engine.kind not in ADAPTER_ENGINES:
             raise ValueError(
-                f"model.lora.sync=adapter needs an engine that loads LoRA adapters (engine=vllm), not "
-                f"engine={self.engine.kind}; use model.lora.sync=merged there"
+                f"model.lora.sync=adapter needs an engine that loads LoRA adapters ({' or '.join(ADAPTER_ENGINES)}), "
+                f"not engine={self.engine.kind}; use model.lora.sync=merged there"
             )
         return self

@@ -40,6 +40,8 @@ def make_engine(kind: str, **options: Any) -> InferenceEngine:
 
         urls = options.pop("urls", None)
         if urls:  # running servers (any host): only the pool's own options apply
+            if options.pop("enable_lora", False):  # the trainer's adapter sync: the servers must have LoRA on
+                options["supports_adapters"] = True
             return VLLMServerPool(urls, **{k: options[k] for k in POOL_OPTIONS if options.get(k) is not None})
         options = {k: v for k, v in options.items() if v is not None}
         return VLLMServerPool.launch(options.pop("model", "tiny-qwen3-h64"), options.pop("servers", 1), **options)

@@ -191,6 +191,12 @@ class ClawGymWorkerExtension:
     def clawgym_get_policy_version(self) -> int:
         return int(getattr(self, "clawgym_policy_version", 0))
 
+    def clawgym_set_policy_version(self, version: str) -> int:
+        """The version a server serves once the pool loaded a LoRA adapter (`/v1/load_lora_adapter` does not
+        reach the worker extension): the pool checks every call's server version against it."""
+        self.clawgym_policy_version = int(version)
+        return self.clawgym_policy_version
+
 
 def dedup_tied(state_dict: Mapping[str, Any], dtype: Any = None) -> dict[str, Any]:
     """Contiguous CPU tensors, each storage once: tied weights (embedding = lm_head) keep their first name.

@@ -23,6 +23,10 @@ in-process engine uses (prefix caching, processed logprobs, ClawGym's worker ext
   goes to the server that served it, whose prefix cache holds that context (`StickyRoutes`: a hash lookup
   per block of the prompt, one entry per rollout, so it holds at any concurrency); other calls go to the live
   server with the fewest calls in flight.
+- Adapters: with servers started with LoRA on (`enable_lora=True`), `update_adapter` sends a LoRA policy's
+  adapter alone (a PEFT folder in `checkpoint_dir`, about a hundredth of the merged layers), loaded on every
+  server under `policy-v<version>` (`/v1/load_lora_adapter`) and served by name; the old one is unloaded.
+  A full-weight update drops the adapter. Not with proxy shards that run their own clients (refused).
 - Clients elsewhere: a `ShardedProxy` shard runs its own pool over the same servers (`follower_spec`); this
   pool holds every such follower (its calls end, new ones wait) before it loads weights and releases it at
   the new version after, so no call of any process spans an update.
@@ -38,6 +42,7 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +59,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.http_connections import Answer, Connections
+from clawgym_env.engines.lora_adapter import LoraAdapter
 from clawgym_env.engines.remote_engine import RemoteEngine
 from clawgym_env.engines.server_boot import BOOT_ENV, BOOT_HEADER, new_boot_id
 from clawgym_env.engines.shared_reading import SharedReading
@@ -117,10 +123,14 @@ class VLLMServer:
         served_model_name: str = "policy",
         max_batch_size: int | None = None,
         kv_cache_memory_bytes: int | None = None,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
         extra_args: Sequence[str] = (),
         log_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
     ) -> None:
+        """enable_lora: the server loads LoRA adapters at run time (`/v1/load_lora_adapter`), each served under
+        its own model name; `max_lora_rank` must be at least the adapters' rank."""
         from clawgym_env.engines.cache import cache_root
         from clawgym_env.engines.models import KNOWN_MODELS, ensure_model
 
@@ -155,6 +165,9 @@ class VLLMServer:
             self.cmd += ["--max-model-len", str(max_model_len)]
         if max_batch_size:
             self.cmd += ["--max-num-seqs", str(max_batch_size)]
+        self.enable_lora = enable_lora
+        if enable_lora:  # two adapters at once: the one being served and the next, loaded before the old goes
+            self.cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "2"]
         self.cmd += list(extra_args) or self._device_args(kv_cache_memory_bytes)
         repo = str(Path(__file__).resolve().parents[2])
         self.env = {
@@ -164,6 +177,8 @@ class VLLMServer:
             "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
             "HF_HUB_OFFLINE": "1",
         }
+        if enable_lora:
+            self.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # opens /v1/load_lora_adapter
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -225,7 +240,7 @@ class VLLMServer:
 
 
 # VLLMServerPool's own options
-POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version")
+POOL_OPTIONS = ("checkpoint_dir", "timeout_s", "policy_version", "supports_adapters")
 POOL_OPTIONS += ("weight_transfer", "broadcast_backend", "broadcast_host", "broadcast_timeout_s")
 
 
@@ -290,8 +305,10 @@ class VLLMServerPool:
         broadcast_host: str = "127.0.0.1",
         broadcast_timeout_s: float = 120.0,
         down: Sequence[str] = (),
+        supports_adapters: bool = False,
     ) -> None:
-        """down: servers to start as lost (a follower of a pool that lost them; `revive` takes them back)."""
+        """down: servers to start as lost (a follower of a pool that lost them; `revive` takes them back).
+        supports_adapters: the servers were started with LoRA enabled (`VLLMServer(enable_lora=True)`)."""
         if weight_transfer not in ("disk", "broadcast"):
             raise ValueError(f"weight_transfer must be 'disk' or 'broadcast', got {weight_transfer!r}")
         if not urls:
@@ -336,6 +353,8 @@ class VLLMServerPool:
         self._checkpoint_written: asyncio.Task[None] | None = None
         self.model = model
         self._followers: list[PoolFollower] = []  # shard clients of these servers, held around weight updates
+        self.supports_adapters = supports_adapters
+        self.adapter: tuple[str, Path] | None = None  # the LoRA adapter served on the base weights: (name, folder)
 
     @classmethod
     def launch(cls, model: str, n: int = 1, *, ready_timeout_s: float = 900.0, **server_options: Any) -> VLLMServerPool:
@@ -343,6 +362,7 @@ class VLLMServerPool:
 
         `checkpoint_dir` and `timeout_s` go to the pool; the other options to each `VLLMServer`."""
         pool_options = {k: server_options.pop(k) for k in POOL_OPTIONS if k in server_options}
+        pool_options.setdefault("supports_adapters", bool(server_options.get("enable_lora")))
         servers = [VLLMServer(model, **server_options).start() for _ in range(n)]
         try:
             for server in servers:
@@ -425,11 +445,14 @@ class VLLMServerPool:
         if version < self.policy_version:
             if self._checkpoint_written is not None:  # a broadcast update's file, written after it
                 await self._checkpoint_written
-            if self.latest_checkpoint is None:
+            if self.latest_checkpoint is None and self.adapter is None:
                 raise ServerUnavailable(
                     f"{slot.url} has policy version {version} < {self.policy_version} and no checkpoint"
                 )
-            await self._load(slot, self.latest_checkpoint, self.policy_version)
+            if self.latest_checkpoint is not None:
+                await self._load(slot, self.latest_checkpoint, self.policy_version)
+            if self.adapter is not None:  # a LoRA policy: its adapter on the base weights (or on the checkpoint's)
+                await self._load_adapter(slot, *self.adapter, self.policy_version, None)
             version, boot = await slot.version.fresh()
         slot.life = (boot, version) if boot is not None else None
         return version
@@ -570,6 +593,7 @@ class VLLMServerPool:
         """The pool's counts and each server's share of the calls (for a run's summary)."""
         servers = [{"url": s.url, "alive": s.alive, "served": s.served} for s in self.slots]
         report = {"policy_version": self.policy_version, "servers": servers, **asdict(self.stats)}
+        report["adapter"] = self.adapter[0] if self.adapter is not None else None
         if self._followers:  # the clients in other processes (proxy shards): their own counts, one report each
             report["followers"] = [r for f in self._followers for r in f.report()]
         return report
@@ -654,6 +678,11 @@ class VLLMServerPool:
             old, live = self.latest_checkpoint, [s for s in self.slots if s.alive]
             tensors = await asyncio.to_thread(dedup_tied, state_dict)
             self.policy_version = version
+            if self.adapter is not None:  # full weights replace base + adapter: the adapter would apply twice
+                await asyncio.gather(*(self._unload_adapter(s, self.adapter[0]) for s in live), return_exceptions=True)
+                self._serve_as(self.model)
+                await asyncio.to_thread(shutil.rmtree, self.adapter[1], True)
+                self.adapter = None
             done: list[ServerSlot] = []
             if self.weight_transfer == "broadcast" and live:
                 live = await self._reachable(live)  # a dead member would stall the broadcast until its timeout
@@ -680,6 +709,83 @@ class VLLMServerPool:
             self._resume.set()
             for follower in self._followers:  # also after a failed update: no follower stays held
                 await asyncio.to_thread(follower.release, self.policy_version, self.latest_checkpoint)
+
+    # ---------------------------------------------------------------------------------------- adapters
+    async def aupdate_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve `adapter` (a LoRA policy's low-rank tensors, on the base weights) from every live server as
+        `version`: see `update_adapter`."""
+        await self._engine_loop.call(self._update_adapter(adapter, version))
+
+    def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Write the adapter once as a PEFT folder in `checkpoint_dir`, load it on every live server under
+        the name `policy-v<version>` (`/v1/load_lora_adapter`), serve every later call under that name, and
+        unload the previous one. vLLM keys its prefix cache by adapter, so no cached prompt of the old
+        adapter is reused. Calls in flight end first and new ones wait, as for full weights. Needs servers
+        started with `enable_lora=True`; a server that comes back later loads the newest adapter."""
+        self._engine_loop.run(self._update_adapter(adapter, version), "use `await pool.aupdate_adapter(...)`")
+
+    async def _update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        if not self.supports_adapters:
+            raise RuntimeError(
+                "update_adapter needs vLLM servers started with enable_lora=True (VLLMServerPool.launch(..., "
+                "enable_lora=True, max_lora_rank=R), or supports_adapters=True for servers started so)"
+            )
+        if self._followers:
+            raise RuntimeError(
+                "adapter sync is not supported when proxy shards run their own clients of these servers: start "
+                "the ShardedProxy with engines_in_shards=False, or push merged weights (model.lora.sync=merged)"
+            )
+        try:
+            await self._hold()  # new calls wait, the ones in flight end
+            started = time.perf_counter()
+            name, folder = f"policy-v{version}", self.checkpoint_dir / f"adapter-v{version}"
+            await asyncio.to_thread(adapter.save, folder)
+            old, live = self.adapter, [s for s in self.slots if s.alive]
+            self.policy_version = version
+            results = await asyncio.gather(
+                *(self._load_adapter(s, name, folder, version, old) for s in live), return_exceptions=True
+            )
+            for slot, result in zip(live, results):
+                if isinstance(result, BaseException):
+                    log.warning("%s could not load adapter %s: %s: %s", slot.url, name, type(result).__name__, result)
+                    self._lose(slot)
+            self._serve_as(name)
+            self.adapter = (name, folder)
+            if old is not None and old[1] != folder:
+                await asyncio.to_thread(shutil.rmtree, old[1], True)
+            self.stats.weight_updates += 1
+            self.stats.weight_update_s += time.perf_counter() - started
+            self.served_version = version
+        finally:
+            self._resume.set()
+
+    async def _load_adapter(
+        self, slot: ServerSlot, name: str, folder: Path, version: int, old: tuple[str, Path] | None
+    ) -> None:
+        """Load adapter `name` on one server, unload `old`, and set the version the server serves."""
+        slot.life = None  # its version is read again before the next call
+        response = await self._post(f"{slot.url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+        already = response.status == 400 and b"already" in response.content  # a server that kept it (not restarted)
+        if response.status != 200 and not already:
+            raise ServerUnavailable(
+                f"{slot.url}/v1/load_lora_adapter answered {response.status}: "
+                f"{response.content[:300].decode(errors='replace')}"
+            )
+        if old is not None:
+            await self._unload_adapter(slot, old[0])
+        await self._rpc(slot.url, "clawgym_set_policy_version", str(version))
+        self.routes.forget_server(slot)  # the contexts it holds were computed with the old adapter
+
+    async def _unload_adapter(self, slot: ServerSlot, name: str) -> None:
+        """Unload one adapter from a server; one it does not hold (it restarted since) is not an error."""
+        response = await self._post(f"{slot.url}/v1/unload_lora_adapter", {"lora_name": name})
+        if response.status not in (200, 400, 404):
+            raise ServerUnavailable(f"{slot.url}/v1/unload_lora_adapter answered {response.status}")
+
+    def _serve_as(self, name: str) -> None:
+        """Every later call asks the servers for model `name` (an adapter's name, or the base model's)."""
+        for slot in self.slots:
+            slot.client.model = name
 
     async def _write_checkpoint(self, tensors: Mapping[str, Any], path: Path, old: Path | None) -> None:
         from clawgym_env.engines.vllm_engine import save_weights

@@ -56,8 +56,9 @@ def test_an_adapter_checkpoint_refuses_another_base_or_other_lora_settings(tmp_p
 def test_adapter_sync_needs_an_engine_that_loads_adapters() -> None:
     from trainers.main import compose
 
-    with pytest.raises(ValueError, match="engine=vllm"):
+    with pytest.raises(ValueError, match="vllm or vllm_server"):
         compose(["model.lora.enabled=true", "model.lora.sync=adapter", "run_dir=/tmp/x"])
-    assert compose(["model.lora.enabled=true", "model.lora.sync=adapter", "engine=vllm", "run_dir=/tmp/x"])
+    for engine in ("vllm", "vllm_server"):
+        assert compose(["model.lora.enabled=true", "model.lora.sync=adapter", f"engine={engine}", "run_dir=/tmp/x"])
     with pytest.raises(ValueError, match="LoRA policy"):
         Trainer(copy.deepcopy(small_qwen3()), GRPO(GRPOConfig()), adapter_sync=True)
