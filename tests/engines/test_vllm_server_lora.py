@@ -20,7 +20,6 @@ from trainers.model import LoraSettings, apply_lora, export_adapter
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING),
-    pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.timeout(900),
 ]
 TOLERANCE = LOGPROB_TOLERANCE["float32"]
@@ -55,6 +54,7 @@ def served_models(pool: VLLMServerPool) -> set[str]:
     return {m["id"] for m in httpx.get(f"{pool.slots[0].url}/v1/models", timeout=10).json()["data"]}
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_served_logprobs_after_an_adapter_push_are_the_trainers(pool, policy, chat_prompt):
     peft_model, base = policy
     assert pool.supports_adapters
@@ -73,6 +73,7 @@ async def test_served_logprobs_after_an_adapter_push_are_the_trainers(pool, poli
         assert not (pool.checkpoint_dir / f"adapter-v{version - 1}").exists()  # its folder removed too
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_restarted_server_loads_the_newest_adapter_before_it_serves(pool, policy, chat_prompt):
     peft_model, _ = policy  # still at version 2
     server = pool.servers[0]
@@ -88,6 +89,7 @@ async def test_a_restarted_server_loads_the_newest_adapter_before_it_serves(pool
     assert max_diff(gen.logprobs, teacher_forced(peft_model, chat_prompt, gen.token_ids)) < TOLERANCE
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_full_weight_push_after_an_adapter_drops_the_adapter(pool, policy, chat_prompt):
     peft_model, _ = policy
     _move(peft_model, seed=3)
@@ -100,6 +102,7 @@ async def test_a_full_weight_push_after_an_adapter_drops_the_adapter(pool, polic
     assert max_diff(gen.logprobs, teacher_forced(merged, chat_prompt, gen.token_ids)) < TOLERANCE
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_pool_of_servers_without_lora_refuses_adapters_clearly(policy):
     plain = VLLMServerPool(["http://127.0.0.1:9"])
     try:
@@ -107,3 +110,49 @@ async def test_a_pool_of_servers_without_lora_refuses_adapters_clearly(policy):
             await plain.aupdate_adapter(export_adapter(policy[0]), 1)
     finally:
         await plain.aclose()
+
+
+def test_training_through_a_server_pushes_adapters_and_runs_ahead(tmp_path):
+    """The loop with `model.lora.sync=adapter`, `engine=vllm_server` and `trainer.max_staleness=1`: each step's
+    push is the adapter's bytes, and the rollouts of a step may be served one version behind, never more."""
+    import json
+
+    import torch
+
+    from trainers.loop import train
+    from trainers.main import compose
+
+    summary = train(
+        compose(
+            [
+                "env=clawgym_whitebox",
+                f"model={MODEL}",
+                "model.lora.enabled=true",
+                "model.lora.sync=adapter",
+                "engine=vllm_server",
+                "engine.options.servers=1",
+                "engine.options.dtype=float32",
+                "engine.options.max_model_len=2048",
+                f"engine.options.kv_cache_memory_bytes={KV_BYTES}",
+                "trainer.max_staleness=1",
+                "steps=2",
+                "env.group_size=2",
+                "env.tasks_per_step=1",
+                "eval.at_start=false",
+                "env.eval_tasks=1",
+                "eval.repeats=1",
+                "eval.every=0",
+                "checkpoint.every=1",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                f"run_dir={tmp_path / 'run'}",
+            ]
+        )
+    )
+    assert summary["steps"] == 2 and summary["max_staleness"] == 1
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
+    adapter_bytes = sum(v.numel() * v.element_size() for v in ckpt["model"].values())
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r.get("kind") == "train"]
+    assert [r["weight_sync_bytes"] for r in train_rows] == [adapter_bytes, adapter_bytes]
+    assert all(0 <= r["staleness_max"] <= 1 for r in train_rows)
