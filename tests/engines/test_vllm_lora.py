@@ -92,21 +92,14 @@ async def test_an_engine_without_enable_lora_refuses_adapters_clearly(policy):
         await eng._update_adapter(export_adapter(policy[0]), 1)
 
 
-def test_training_pushes_adapters_and_checkpoints_hold_only_the_adapter(tmp_path):
-    """The loop with `model.lora.sync=adapter` on in-process vLLM: each step's push is the adapter's bytes,
-    the checkpoint holds the adapter and the base's identity, and a resume loads it onto the base."""
-    from trainers.loop import train
-    from trainers.main import compose
-
-    overrides = [
+def adapter_run(engine: list[str], run_dir) -> list[str]:
+    """A small white-box LoRA run with adapter sync on `engine` (its overrides): 2 rollouts a step, no eval."""
+    return [
         "env=clawgym_whitebox",
-        "model=tiny-qwen3-h64",
+        f"model={MODEL}",
         "model.lora.enabled=true",
         "model.lora.sync=adapter",
-        "engine=vllm",
-        "+engine.options.dtype=float32",
-        "+engine.options.max_model_len=2048",
-        f"+engine.options.kv_cache_memory_bytes={KV_BYTES}",
+        *engine,
         "env.group_size=2",
         "env.tasks_per_step=1",
         "eval.at_start=false",
@@ -116,8 +109,21 @@ def test_training_pushes_adapters_and_checkpoints_hold_only_the_adapter(tmp_path
         "checkpoint.every=1",
         "logging.progress=false",
         "logging.tensorboard=false",
-        f"run_dir={tmp_path / 'run'}",
+        f"run_dir={run_dir}",
     ]
+
+
+def test_training_pushes_adapters_and_checkpoints_hold_only_the_adapter(tmp_path):
+    """The loop with `model.lora.sync=adapter` on in-process vLLM: each step's push is the adapter's bytes,
+    the checkpoint holds the adapter and the base's identity, and a resume loads it onto the base."""
+    from trainers.loop import train
+    from trainers.main import compose
+
+    overrides = adapter_run(
+        ["engine=vllm", "+engine.options.dtype=float32", "+engine.options.max_model_len=2048"]
+        + [f"+engine.options.kv_cache_memory_bytes={KV_BYTES}"],
+        tmp_path / "run",
+    )
     train(compose([*overrides, "steps=1"]))
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
     assert ckpt["model_format"] == "adapter" and ckpt["base_model"]["name"] == "tiny-qwen3-h64"

@@ -14,7 +14,7 @@ from clawgym_env.engines.vllm_engine import VLLM_MISSING, vllm_available
 from clawgym_env.engines.vllm_server import ServerUnavailable, VLLMServerPool
 from clawgym_env.interfaces import SamplingParams
 from tests.engines.test_vllm_engine import KV_BYTES, LOGPROB_TOLERANCE, MODEL, max_diff, teacher_forced
-from tests.engines.test_vllm_lora import _move
+from tests.engines.test_vllm_lora import _move, adapter_run
 from trainers.model import LoraSettings, apply_lora, export_adapter
 
 pytestmark = [
@@ -122,33 +122,9 @@ def test_training_through_a_server_pushes_adapters_and_runs_ahead(tmp_path):
     from trainers.loop import train
     from trainers.main import compose
 
-    summary = train(
-        compose(
-            [
-                "env=clawgym_whitebox",
-                f"model={MODEL}",
-                "model.lora.enabled=true",
-                "model.lora.sync=adapter",
-                "engine=vllm_server",
-                "engine.options.servers=1",
-                "engine.options.dtype=float32",
-                "engine.options.max_model_len=2048",
-                f"engine.options.kv_cache_memory_bytes={KV_BYTES}",
-                "trainer.max_staleness=1",
-                "steps=2",
-                "env.group_size=2",
-                "env.tasks_per_step=1",
-                "eval.at_start=false",
-                "env.eval_tasks=1",
-                "eval.repeats=1",
-                "eval.every=0",
-                "checkpoint.every=1",
-                "logging.progress=false",
-                "logging.tensorboard=false",
-                f"run_dir={tmp_path / 'run'}",
-            ]
-        )
-    )
+    engine = ["engine=vllm_server", "engine.options.servers=1", "engine.options.dtype=float32"]
+    engine += ["engine.options.max_model_len=2048", f"engine.options.kv_cache_memory_bytes={KV_BYTES}"]
+    summary = train(compose([*adapter_run(engine, tmp_path / "run"), "trainer.max_staleness=1", "steps=2"]))
     assert summary["steps"] == 2 and summary["max_staleness"] == 1
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
     adapter_bytes = sum(v.numel() * v.element_size() for v in ckpt["model"].values())
