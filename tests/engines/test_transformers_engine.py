@@ -156,9 +156,15 @@ async def test_update_weights_waits_for_in_flight_generation(tiny_model, qwen_to
     eng = TransformersEngine(copy.deepcopy(tiny_model), qwen_tok)
     running = asyncio.create_task(eng.generate(chat_prompt, SamplingParams(max_tokens=60, seed=1)))
     await asyncio.sleep(0.05)
-    await asyncio.to_thread(eng.update_weights, {}, 1)
+    push = asyncio.create_task(asyncio.to_thread(eng.update_weights, {}, 1))
+    await asyncio.sleep(0.05)
+    # the next call of a rollout, made while the push waits for the call in flight: held until the push is
+    # done, then served at the new version (not cut, not failed, not served by the old weights)
+    waiting = asyncio.create_task(eng.generate(chat_prompt, SamplingParams(max_tokens=4, seed=2)))
+    await push
     gen = await running
     assert gen.policy_version == 0 and len(gen.token_ids) == 60  # finished under the old version
+    assert (await waiting).policy_version == 1
     assert (await eng.generate(chat_prompt, SamplingParams(max_tokens=1))).policy_version == 1
     eng.close()
 
