@@ -128,15 +128,20 @@ class Matrix:
     def budgets(self) -> str:
         train = [r for r in self.rows if r.phase == "train"]
         flat = degenerate_groups(train)
-        lines = ["| arm | training rollouts per seed | degenerate groups | mean training reward |", "|---|---|---|---|"]
+        lines = [
+            "| arm | training rollouts per seed | degenerate groups | mean training reward | rewards 0 / ½ / 1 |",
+            "|---|---|---|---|---|",
+        ]
         for arm in self.arms:
             rs = [r for r in train if r.arm == arm]
             if not rs:
                 continue
             per_seed = len(rs) / len({r.seed for r in rs})
             n_flat, total = flat.get(arm, (0, 0))
+            shares = " / ".join(f"{np.mean([r.reward == v for r in rs]):.0%}" for v in (0.0, 0.5, 1.0))
             lines.append(
-                f"| {arm} | {per_seed:.0f} | {n_flat}/{total} ({n_flat / total:.0%}) | {np.mean([r.reward for r in rs]):.3f} |"
+                f"| {arm} | {per_seed:.0f} | {n_flat}/{total} ({n_flat / total:.0%}) | "
+                f"{np.mean([r.reward for r in rs]):.3f} | {shares} |"
             )
         return "\n".join(lines) + "\n"
 
