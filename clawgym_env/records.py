@@ -394,10 +394,11 @@ class CallLog:
                 os.fsync(fh.fileno())
 
     def _write(self, fh: Any, line: bytes) -> int:
-        """Write the whole line or nothing, and return where the file ends after it: a write the disk cuts short (full, over a size limit) returns how
-        much it took without raising; the rest is retried, and if that fails the file is cut back to where
-        the line began (its size less what this line put there: only a failed line pays for the `fstat`), so
-        no fragment is left for the next line to be glued to (or to refer to)."""
+        """Write the whole line or nothing, and return where the file ends after it. A write the disk cuts
+        short (full, over a size limit) returns how much it took without raising; the rest is retried, and if
+        that fails the file is cut back to where the line began (its size less what this line put there: only
+        a failed line pays for the `fstat`), so no fragment is left for the next line to be glued to (or to
+        refer to)."""
         with self._lock:
             fd = fh.fileno()
             taken = 0
