@@ -154,7 +154,11 @@ def pack_forests(
 
     Forests that are not ok are skipped. A forest alone larger than the budget cannot be split (its
     branches share attention) and gets a batch of its own (a warning is logged). With `share_context`,
-    a forest costs only the tokens it does not share with the bin's leading context (see the module doc).
+    a forest costs only the tokens it does not share with the bin's leading context (see the module doc),
+    and a bin whose first forest is larger than the budget still takes up to one budget more of such
+    tokens: a harness whose system prompt alone is past the budget (OpenClaw's ~8k tokens against the
+    default 4,096) would otherwise train every rollout of a group in a batch of its own, computing that
+    prompt once per rollout instead of once per group (8x the tokens for a group of 8).
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
@@ -162,12 +166,13 @@ def pack_forests(
     bins: list[list[TrajectoryForest]] = []
     bin_chains: list[list[np.ndarray]] = []  # leading context nodes of each forest in a bin
     sizes: list[int] = []
+    limits: list[int] = []  # the budget; for a bin opened by a forest past it, that forest + one budget
     for forest in sorted(trainable, key=lambda f: f.num_tokens, reverse=True):
         chain = leading_context(forest) if share_context else np.zeros(0, np.int64)
         head = forest.tokens[chain]
         for i, used in enumerate(sizes):
             shared = max((_common_prefix(head, f.tokens[c]) for f, c in zip(bins[i], bin_chains[i])), default=0)
-            if used + forest.num_tokens - shared <= token_budget:
+            if used + forest.num_tokens - shared <= limits[i] and (shared or used <= token_budget):
                 bins[i].append(forest)
                 bin_chains[i].append(chain)
                 sizes[i] += forest.num_tokens - shared
@@ -176,11 +181,17 @@ def pack_forests(
             bins.append([forest])
             bin_chains.append([chain])
             sizes.append(forest.num_tokens)
+            oversized = share_context and forest.num_tokens > token_budget
+            limits.append(forest.num_tokens + token_budget if oversized else token_budget)
     batches = [_pack(group, chains) for group, chains in zip(bins, bin_chains)]
     for batch in batches:
         if batch.num_tokens > token_budget:
             log.warning(
-                "rollout %s alone has %d tokens > token_budget %d", batch.rollout_ids[0], batch.num_tokens, token_budget
+                "a batch of %d rollouts has %d tokens > token_budget %d (rollout %s alone is past it)",
+                len(batch.rollout_ids),
+                batch.num_tokens,
+                token_budget,
+                batch.rollout_ids[0],
             )
     return batches
 

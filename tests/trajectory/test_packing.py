@@ -219,6 +219,43 @@ def test_shared_context_lets_a_group_fit_a_smaller_budget() -> None:
     assert mixed.num_tokens == forests[0].num_tokens + other.num_tokens - _common_len(forests[0], other)
 
 
+def long_context_group(n: int) -> list:
+    """A group whose shared context (a 300-token system prompt, like OpenClaw's 8k) dwarfs each rollout's own
+    tokens (one short turn)."""
+    from clawgym_env.trajectory.packing import leading_context
+
+    out = []
+    for s in range(n):
+        r = synthetic_rollout(
+            30 + s, rollout_id=f"g{s}", turns=1, retry_prob=0.0, vocab=VOCAB, system_tokens=300, tools_tokens=10,
+            gen_tokens=(8, 12), tool_tokens=(5, 8),
+        )  # fmt: skip
+        f = build_forest(r.calls, rollout_id=r.rollout_id, reward=1.0, options=ForestOptions(drop_dead_leaves=False))
+        out.append(f)
+    chain = leading_context(out[0])
+    for f in out[1:]:  # the same context tokens: one group's prompt
+        f.tokens = f.tokens.copy()
+        f.tokens[leading_context(f)[: len(chain)]] = out[0].tokens[chain]
+    return out
+
+
+def test_a_group_whose_shared_context_is_past_the_budget_still_packs_together() -> None:
+    """OpenClaw's system prompt alone is past the default budget: its group's rollouts must still share it
+    (one batch computing it once), not get a batch each; a forest sharing nothing stays out of that bin."""
+    forests = long_context_group(4)
+    shared = _common_len(forests[0], forests[1])
+    budget = 100
+    assert shared > budget  # the context alone is past the budget
+    assert len(pack_forests(forests, token_budget=budget)) == 4  # without sharing: one batch per rollout
+    (one,) = pack_forests(forests, token_budget=budget, share_context=True)
+    assert one.num_tokens == sum(f.num_tokens for f in forests) - 3 * shared  # the context computed once
+    assert one.num_tokens <= max(f.num_tokens for f in forests) + budget  # the bin's limit
+    other = forest(20)  # shares nothing with the group: a batch of its own
+    assert len(pack_forests([*forests, other], token_budget=budget, share_context=True)) == 2
+    many = long_context_group(12)  # more than one budget beyond the first: a second bin of the group
+    assert len(pack_forests(many, token_budget=budget, share_context=True)) >= 2
+
+
 def _common_len(a, b) -> int:
     from clawgym_env.trajectory.packing import leading_context
 
