@@ -873,6 +873,9 @@ class VLLMServerPool:
             server.stop()
 
     async def _close_clients(self) -> None:
+        if self._checkpoint_written is not None:  # a broadcast's file, still being written into the folder
+            with contextlib.suppress(Exception):
+                await self._checkpoint_written
         for slot in self.slots:
             await slot.client.aclose()
         if self._http is not None:

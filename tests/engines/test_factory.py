@@ -62,3 +62,27 @@ def test_a_server_pool_removes_its_temporary_checkpoints_on_close(tmp_path):
     (given.checkpoint_dir / "policy-v1.safetensors").write_bytes(b"x")
     given.close()
     assert (tmp_path / "shared" / "policy-v1.safetensors").is_file()
+
+
+async def test_closing_a_server_pool_waits_for_the_checkpoint_a_broadcast_still_writes():
+    """After a broadcast update the pool writes the checkpoint file in the background (for servers that come
+    back later); closing the pool meanwhile failed with "Directory not empty" while removing its temporary
+    folder (seen in `benchmarks.engine_bench --compare-engines`). It waits for the write, then removes it."""
+    import asyncio
+
+    from clawgym_env.engines.vllm_server import VLLMServerPool
+
+    pool = VLLMServerPool(["http://127.0.0.1:9"])
+    folder = pool.checkpoint_dir
+
+    async def late_write() -> None:
+        await asyncio.sleep(0.2)
+        (folder / "policy-v1.safetensors").write_bytes(b"x" * 1024)
+
+    async def start_writing() -> None:  # on the pool's own loop, as `_update_weights` starts it
+        pool._checkpoint_written = asyncio.create_task(late_write())
+
+    await pool._engine_loop.call(start_writing())
+    await pool.aclose()
+    assert pool._checkpoint_written.done() and not pool._checkpoint_written.cancelled()  # the file was written
+    assert not folder.exists()  # and then removed with its folder
