@@ -16,7 +16,6 @@ from trainers.grpo import GRPOConfig
 from trainers.model import LoraSettings
 from trainers.ppo import PPOConfig
 
-
 ADAPTER_ENGINES = ("vllm", "vllm_server")  # engines that load a LoRA adapter on their base weights
 
 
