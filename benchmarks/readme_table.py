@@ -1,6 +1,6 @@
 """The README's benchmark table: one current figure per row, each from a stored run of the row's command.
 
-    .venv/bin/python -m benchmarks.readme_table --run all --publish docs/results     # every row (alone: ~1 h)
+    .venv/bin/python -m benchmarks.readme_table --run all --publish docs/results     # every row, alone (~10 min here)
     .venv/bin/python -m benchmarks.readme_table --run sandbox stream --publish docs/results
     .venv/bin/python -m benchmarks.readme_table --list                               # the rows and what is stored
 
