@@ -664,14 +664,28 @@ class VLLMServerPool:
         await self._engine_loop.call(wait())
         return self.latest_checkpoint
 
-    async def _update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        from clawgym_env.engines.vllm_engine import dedup_tied
-
+    @contextlib.asynccontextmanager
+    async def _updating(self, version: int) -> AsyncIterator[None]:
+        """Around one update (weights or adapter): new calls wait and the ones in flight end, here and in every
+        follower; once it succeeded it is counted and `version` is served; calls go on either way."""
         try:
             await self._hold()  # new calls wait, the ones in flight end; every version is read again after
             started = time.perf_counter()
             for follower in self._followers:  # clients in other processes: their calls end and wait too
                 await asyncio.to_thread(follower.hold)
+            yield
+            self.stats.weight_updates += 1
+            self.stats.weight_update_s += time.perf_counter() - started
+            self.served_version = version
+        finally:
+            self._resume.set()
+            for follower in self._followers:  # also after a failed update: no follower stays held
+                await asyncio.to_thread(follower.release, self.policy_version, self.latest_checkpoint)
+
+    async def _update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        from clawgym_env.engines.vllm_engine import dedup_tied
+
+        async with self._updating(version):
             if self._checkpoint_written is not None:
                 await self._checkpoint_written
             path = self.checkpoint_dir / f"policy-v{version}.safetensors"
@@ -702,13 +716,6 @@ class VLLMServerPool:
                     if isinstance(result, BaseException):
                         log.warning("%s could not load %s: %s: %s", slot.url, path.name, type(result).__name__, result)
                         self._lose(slot)
-            self.stats.weight_updates += 1
-            self.stats.weight_update_s += time.perf_counter() - started
-            self.served_version = version
-        finally:
-            self._resume.set()
-            for follower in self._followers:  # also after a failed update: no follower stays held
-                await asyncio.to_thread(follower.release, self.policy_version, self.latest_checkpoint)
 
     # ---------------------------------------------------------------------------------------- adapters
     async def aupdate_adapter(self, adapter: LoraAdapter, version: int) -> None:
@@ -735,9 +742,7 @@ class VLLMServerPool:
                 "adapter sync is not supported when proxy shards run their own clients of these servers: start "
                 "the ShardedProxy with engines_in_shards=False, or push merged weights (model.lora.sync=merged)"
             )
-        try:
-            await self._hold()  # new calls wait, the ones in flight end
-            started = time.perf_counter()
+        async with self._updating(version):
             name, folder = f"policy-v{version}", self.checkpoint_dir / f"adapter-v{version}"
             await asyncio.to_thread(adapter.save, folder)
             old, live = self.adapter, [s for s in self.slots if s.alive]
@@ -753,11 +758,6 @@ class VLLMServerPool:
             self.adapter = (name, folder)
             if old is not None and old[1] != folder:
                 await asyncio.to_thread(shutil.rmtree, old[1], True)
-            self.stats.weight_updates += 1
-            self.stats.weight_update_s += time.perf_counter() - started
-            self.served_version = version
-        finally:
-            self._resume.set()
 
     async def _load_adapter(
         self, slot: ServerSlot, name: str, folder: Path, version: int, old: tuple[str, Path] | None
