@@ -218,7 +218,7 @@ async def main() -> None:
                     args.concurrency,
                     settle=backend.settle,
                 )
-                if name == "shell" and label == "c pooled" and args.pool:
+                if name == "shell" and label == "c pooled":  # "pooled" only when --pool > 0
                     headline = returned / bare
                 print(
                     f"{name:8} {label:18} {ms(bare)} {ms(returned, 8)} {returned / bare:5.2f}x "
