@@ -129,19 +129,21 @@ class Matrix:
         train = [r for r in self.rows if r.phase == "train"]
         flat = degenerate_groups(train)
         lines = [
-            "| arm | training rollouts per seed | degenerate groups | mean training reward | rewards 0 / ½ / 1 |",
-            "|---|---|---|---|---|",
+            "| arm | seeds | steps run per seed | training rollouts per seed | degenerate groups | "
+            "mean training reward | rewards 0 / ½ / 1 |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for arm in self.arms:
+        # every arm with training rows, evaluated or not: an unfinished run shows the signal it had so far
+        for arm in sorted({r.arm for r in train}, key=lambda a: (len(a.split("+")), a)):
             rs = [r for r in train if r.arm == arm]
-            if not rs:
-                continue
-            per_seed = len(rs) / len({r.seed for r in rs})
+            seeds = sorted({r.seed for r in rs})
+            steps = "/".join(str(max(r.step or 0 for r in rs if r.seed == s)) for s in seeds)
             n_flat, total = flat.get(arm, (0, 0))
             shares = " / ".join(f"{np.mean([r.reward == v for r in rs]):.0%}" for v in (0.0, 0.5, 1.0))
+            evaluated = "" if arm in self.arms else " (not evaluated yet)"
             lines.append(
-                f"| {arm} | {per_seed:.0f} | {n_flat}/{total} ({n_flat / total:.0%}) | "
-                f"{np.mean([r.reward for r in rs]):.3f} | {shares} |"
+                f"| {arm}{evaluated} | {len(seeds)} | {steps} | {len(rs) / len(seeds):.0f} | "
+                f"{n_flat}/{total} ({n_flat / total:.0%}) | {np.mean([r.reward for r in rs]):.3f} | {shares} |"
             )
         return "\n".join(lines) + "\n"
 

@@ -404,6 +404,7 @@ def run_matrix(
         for arm in settings.arms:
             run_dir = out / "train" / f"{_slug(arm)}-seed{seed}"
             if plan_only and not (run_dir / "summary.json").is_file():
+                evidence += training_rows(run_dir, arm, out)  # an unfinished run: its steps so far, no evaluation
                 continue
             if plan_only:
                 from trainers.main import compose

@@ -49,8 +49,9 @@ def test_a_number_that_differs_from_the_files_fails_the_check(tmp_path: Path) ->
     assert "| WhiteBox | 0.750: +0.500 [" in table and "**shown**, holds for 4 comparisons (n=4)" in table
     assert "| OpenClaw | 0.250: +0.000 [-0.125, +0.125], no change detectable (n=4)" in table
     assert "| untrained | 0.250 (4 seeds) | 0.250 (4 seeds) |" in table
-    # budgets: training rollouts per seed, degenerate groups (a group: seed, step, harness, task)
-    assert "| OpenClaw | 8 | 16/16 (100%) | 0.000 |" in table and "| WhiteBox | 8 | 0/16 (0%) | 0.250 |" in table
+    # budgets: seeds, steps, training rollouts per seed, degenerate groups (a group: seed, step, harness, task)
+    assert "| OpenClaw | 4 | 1/1/1/1 | 8 | 16/16 (100%) | 0.000 |" in table
+    assert "| WhiteBox | 4 | 1/1/1/1 | 8 | 0/16 (0%) | 0.250 |" in table
     assert "ClawGymBench" not in generated["transfer-unseen"]
     unseen = generated["transfer-unseen"]
     assert unseen.startswith("PinchBench (level 0, never trained on; 2 cells):")
@@ -63,6 +64,26 @@ def test_a_number_that_differs_from_the_files_fails_the_check(tmp_path: Path) ->
     assert rewrite(fresh, generated) == fresh
     with pytest.raises(KeyError, match="unknown generated block"):
         rewrite("<!-- generated: nope -->\nx<!-- end generated: nope -->", generated)
+
+
+def test_an_arm_still_training_shows_its_signal_but_no_cell(tmp_path: Path) -> None:
+    """An unfinished run's training rows (`transfer_matrix --plan --publish`) enter the signal table, not the matrix."""
+    rows = _matrix_rows({"WhiteBox": 0.5})
+    common = {"experiment": "transfer_matrix", "arm": "ClaudeCode", "phase": "train", "eval_harness": "ClaudeCode"}
+    common |= {"suite": "ClawGymBench"}
+    rows += [
+        EvidenceRow(**common, seed=0, step=s, task_id=f"t{s}", reward=float(s == 2 and i == 0))
+        for s in (1, 2, 3)
+        for i in range(4)
+    ]
+    table = blocks_from(tmp_path, rows)["transfer-matrix"]
+    assert "| ClaudeCode (not evaluated yet) | 1 | 3 | 12 | 2/3 (67%) | 0.083 | 92% / 0% / 8% |" in table
+    assert "| ClaudeCode |" not in table.split("Training budgets")[0]  # no matrix row without an evaluation
+
+
+def blocks_from(folder: Path, rows: list[EvidenceRow]) -> dict[str, str]:
+    write_rows(folder / "transfer_matrix.jsonl.gz", rows)
+    return blocks(folder)
 
 
 def test_without_stored_rows_a_block_says_how_to_make_them(tmp_path: Path) -> None:

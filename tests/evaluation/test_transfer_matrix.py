@@ -25,7 +25,7 @@ from benchmarks.transfer_matrix import (
     main,
     mixed_vs_single,
 )
-from evaluation.evidence import EvidenceRow, read_rows
+from evaluation.evidence import EvidenceRow, read_rows, write_rows
 from trainers.main import compose
 
 
@@ -194,9 +194,13 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert read_rows(out / "evidence.jsonl.gz") == rows
     assert time.perf_counter() - start < 60  # nothing trained or rolled out (training alone took minutes)
 
+    # an unfinished run (no summary yet): --plan reads its training rows so far, evaluates nothing
+    unfinished = [r.model_copy(update={"arm": "Pi", "eval_harness": "Pi"}) for r in white]
+    write_rows(out / "train" / "pi-seed0" / "rollouts.jsonl", unfinished)
     plan = main(
         ["--quick", "--out", str(out), "--plan", "--seeds", "0", "1", "--arms", *ARMS, "--eval-harnesses", *harnesses]
     )
+    assert [r for r in read_rows(out / "evidence.jsonl.gz") if r.arm == "Pi"] == unfinished
     assert list(plan.cells) == [UNTRAINED, *ARMS]
     assert {a: row for a, row in means(plan).items() if a in first.cells} == means(first)
     assert plan.cells["Pi"]["WhiteBox"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
