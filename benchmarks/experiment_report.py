@@ -5,7 +5,8 @@
 
 Every number in a generated block of docs/experiments.md and of the README comes from the evidence files
 under docs/results/ (`evaluation.evidence`): the starting rewards (`benchmarks.starting_rewards
---publish docs/results`) and the transfer matrix (`benchmarks.transfer_matrix --publish docs/results`).
+--publish docs/results`), the transfer matrix (`benchmarks.transfer_matrix --publish docs/results`), the
+main job's runs (`benchmarks.main_job_runs RUN_DIR --publish docs/results`) and the benchmarks' stored rows.
 A block sits between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`; text outside the
 blocks is written by hand. tests/docs/test_experiment_report.py runs `--check`.
 """
@@ -300,9 +301,50 @@ def readme_table_block(results: Path) -> str:
     return table(read_stored(results / FILE))
 
 
+def main_job_block(results: Path) -> str:
+    """The README's main-job runs: what each run reported, and its held-out gain from its stored rollouts."""
+    from benchmarks.main_job_runs import ROWS, RUNS, read_runs
+
+    command = "python -m benchmarks.main_job_runs RUN_DIR --publish docs/results"
+    runs = read_runs(results / RUNS)
+    if not runs:
+        return f"No stored run yet: `bash scripts/main.sh`, then `{command}`.\n"
+    rows = _load(ROWS.removesuffix(".jsonl.gz"), results)
+    lines = [
+        "| run (date) | engine | wall | rollouts / updates / evaluations and set-up | peak RSS: main / tree | "
+        "held-out before → after: gain [95 % interval] | CPU, load |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        mine = [r for r in rows if r.experiment == run.run]
+        held = []
+        for harness in run.held_out:
+            arm = next(r.arm for r in mine if r.phase == "after" and r.eval_harness == harness)
+            e = gain(mine, arm, harness)
+            before, after = (
+                np.mean([r.reward for r in mine if (r.phase, r.eval_harness) == (p, harness)])
+                for p in ("before", "after")
+            )
+            held.append(f"{harness} {before:.3f} → {after:.3f}: {_fmt(e)}, {_verdict(e)}")
+        lines.append(
+            f"| {run.run} ({run.date}) | {run.engine} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
+            f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s | {run.peak_rss_main_mb / 1024:.1f} / "
+            f"{run.peak_rss_tree_mb / 1024:.1f} GB | {'; '.join(held)} | {run.cpu}, load {run.load_start:.1f} → "
+            f"{run.load_end:.1f} |"
+        )
+    commands = sorted({r.command for r in runs})
+    return (
+        "\n".join(lines)
+        + f"\n\nFrom `docs/results/{RUNS}` (each run's own report) and `docs/results/{ROWS}` (its rollouts), made by "
+        f"{', '.join(f'`{c}`' for c in commands)} and `{command}`. Held-out: 16 tasks x 2 rollouts at T=1 before and "
+        "after; one run is one seed, so its interval covers tasks and rollouts, not training seeds.\n"
+    )
+
+
 # ------------------------------------------------------------------------------------------- the docs
 def blocks(results: Path = RESULTS) -> dict[str, str]:
     return {
+        "main-job": main_job_block(results),
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
         **matrix_blocks(_load("transfer_matrix", results)),
         "async-training": async_training_block(results),

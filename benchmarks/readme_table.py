@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from benchmarks.headline import read
+from trainers.engine_choice import cpu_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = "readme_table.jsonl"
@@ -111,18 +111,6 @@ ROWS = [
 ]
 
 
-def cpu() -> str:
-    """The CPU's model and the flags that change what is fast here (AVX-512, AVX-512 bf16, AMX)."""
-    name, flags = platform.processor() or "unknown", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name} ({', '.join(shown) or 'no AVX2'}, {os.cpu_count()} cores)"
-
-
 def commit() -> str:
     out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(
@@ -151,7 +139,7 @@ def run(commands: list[list[str]], timeout_s: float = 3600) -> list[dict[str, An
                     **headline,
                     "command": shown,
                     "commit": commit(),
-                    "cpu": cpu(),
+                    "cpu": cpu_summary(),
                     "load_before": round(load_before, 2),
                     "load_after": round(os.getloadavg()[0], 2),
                     "wall_s": round(time.perf_counter() - start, 1),

@@ -150,12 +150,13 @@ def write_rows(path: str | Path, rows: Iterable[EvidenceRow]) -> Path:
 
 
 def publish_rows(path: str | Path, rows: Sequence[EvidenceRow]) -> Path:
-    """Merge `rows` into a published file: a (phase, arm, seed, harness, suite) measured now replaces its
-    earlier rows, the rest stay. So an experiment filled over sessions (a fresh output folder each time)
-    never drops what was published before."""
+    """Merge `rows` into a published file: an (experiment, phase, arm, seed, harness, suite) measured now
+    replaces its earlier rows, the rest stay. So an experiment filled over sessions (a fresh output folder
+    each time) never drops what was published before, and runs named apart (the main job's, by their
+    directories) never replace each other."""
 
-    def key(r: EvidenceRow) -> tuple[str, str, int, str, str]:
-        return (r.phase, r.arm, r.seed, r.eval_harness, r.suite)
+    def key(r: EvidenceRow) -> tuple[str, str, str, int, str, str]:
+        return (r.experiment, r.phase, r.arm, r.seed, r.eval_harness, r.suite)
 
     path = Path(path)
     measured = {key(r) for r in rows}

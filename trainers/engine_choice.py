@@ -12,6 +12,7 @@ was picked and why (`report.json`, "engine").
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -47,6 +48,14 @@ def cpu_facts(cpuinfo: str | None = None) -> tuple[str, set[str]]:
         elif key.strip() == "flags" and not flags:
             flags = set(value.split())
     return name, flags
+
+
+def cpu_summary(cpuinfo: str | None = None) -> str:
+    """The CPU's model and the flags that change what is fast here (AVX2, AVX-512, AVX-512 bf16, AMX): how
+    stored figures name the machine they came from (machines of one kind differ in these)."""
+    name, flags = cpu_facts(cpuinfo)
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({', '.join(shown) or 'no AVX2'}, {os.cpu_count()} cores)"
 
 
 def choose_engine(

@@ -13,6 +13,7 @@ own metrics.jsonl and summary.json.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainers.engine_choice import EngineChoice, choose_engine
+from trainers.engine_choice import EngineChoice, choose_engine, cpu_summary
 from trainers.process_memory import TreeSampler, main_process_peak_mb
 
 # The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
@@ -117,13 +118,20 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
         f"{cfg.model.name}, {cfg.steps} steps × {cfg.env.tasks_per_step} task(s) × {cfg.env.group_size} rollouts; "
         f"run directory {cfg.run_dir}"
     )
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
     with TreeSampler(every_s=1.0) as tree:
         summary = train(cfg)
     wall_s = time.perf_counter() - started
     report = build_report(Path(cfg.run_dir), summary, wall_s)
     report["peak_rss_mb"] = {"main_process": main_process_peak_mb(), "process_tree": tree.peak_mb}
     report["engine"] = engine.model_dump()
+    # where the figures came from: machines of this kind differ in speed and CPU features
+    report["machine"] = {
+        "cpu": cpu_summary(),
+        "load_start": round(load_start, 2),
+        "load_end": round(os.getloadavg()[0], 2),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     console.print(render_report(report))
     (Path(cfg.run_dir) / "report.json").write_text(json.dumps(report, indent=2))
     console.print(

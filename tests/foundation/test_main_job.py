@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from benchmarks import main_job_runs
+from benchmarks.experiment_report import main_job_block
+from evaluation.evidence import read_rows
 from trainers.main import compose
 from trainers.main_job import main_job_overrides
 
@@ -47,6 +50,22 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert rss["process_tree"] > 100 and rss["main_process"] > 100  # torch and a model are loaded
     assert "weight sync to the engine" in stdout and "peak RSS" in stdout
     assert report["engine"]["kind"] == "transformers" and "--quick" in report["engine"]["reason"]
+    assert "cores)" in report["machine"]["cpu"] and report["machine"]["load_end"] >= 0  # where figures came from
+
+    # publishing the run stores its report and rollouts; the README's block is recomputed from them
+    results = tmp_path / "results"
+    (run,) = main_job_runs.main([str(run_dir), "--publish", str(results)])
+    rows = read_rows(results / main_job_runs.ROWS)
+    assert {r.experiment for r in rows} == {"main"} and len([r for r in rows if r.phase == "train"]) == 4
+    before = [r.reward for r in rows if r.phase == "before"]
+    assert run.held_out["Pi"]["before"] == pytest.approx(sum(before) / len(before))  # the report is its rows
+    block = main_job_block(results)
+    assert block.startswith("| run (date) |") and f"| main ({run.date}) | transformers, float32 |" in block
+    main_job_runs.main([str(run_dir), "--publish", str(results)])  # published again: replaced, not doubled
+    assert len(main_job_runs.read_runs(results / main_job_runs.RUNS)) == 1
+    assert read_rows(results / main_job_runs.ROWS) == rows
+    with pytest.raises(FileNotFoundError, match="did not finish"):
+        main_job_runs.read_run(tmp_path, "x")
 
 
 @pytest.mark.parametrize(
