@@ -4,7 +4,8 @@ Documents imitate monthly fiscal bulletins of a national finance ministry: pages
 markdown tables (receipts by source, outlays by agency, debt at quarter ends) between prose sections
 that also quote (distracting) figures. All figures are in millions of dollars.
 
-- level 0: one short page and a direct lookup of one table cell;
+- level 0: one short page and a direct lookup of one table cell; built like ClawGymBench's level 0 (the
+  instruction names the `write` tool; half the reward for answer.txt existing, half for the number);
 - level 1: a long bulletin (about ten pages) and one or two arithmetic steps (quarter sums, month
   deficits, percent changes);
 - level 2: two bulletins of consecutive fiscal years (.txt and .md) plus a debt history CSV; the answer
@@ -18,7 +19,7 @@ import random
 
 from clawgym_env.specs import TaskSpec
 from task_suites._common import Draft, generate
-from verifiers.files import AnswerMatches, FileChecksVerifier
+from verifiers.files import AnswerMatches, FileChecksVerifier, FileExists
 
 SUITE = "OfficeQA"
 MONTHS = ["Oct", "Nov", "Dec", "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep"]
@@ -42,6 +43,9 @@ OUTLAYS = {
     "Other agencies": 41_000,
 }
 ANSWER_NOTE = "Write only the number (no words) to a file named answer.txt in the workspace."
+# Level 0 names the tool, as ClawGymBench's level 0 does: without it the 0.5B model answers in chat instead
+# of writing the file, so every rollout scores 0 and GRPO has nothing to learn from.
+LEVEL0_ANSWER_NOTE = "Use the write tool to create the file answer.txt containing only the number (no words)."
 
 
 def month_label(fy: int, i: int) -> str:
@@ -180,18 +184,18 @@ def bulletin(rng: random.Random, data: dict, *, markdown: bool) -> str:
 
 def _answer_task(rng, level, category, instruction, files, answer, decimals, rel_tol):
     text = f"{answer:.{decimals}f}" if decimals else str(int(round(answer)))
+    checks = [
+        AnswerMatches(
+            "answer.txt", text, rel_tol=rel_tol, abs_tol=0.6 * 10**-decimals if decimals else 0.5, name="answer"
+        )
+    ]
+    if level == 0:  # built like ClawGymBench's level 0: the tool named, half credit for the asked-for file
+        checks.insert(0, FileExists("answer.txt", name="exists"))
     return Draft(
         key=f"{level}|{category}|{instruction}|{text}|{sorted(files.items())}",
-        instruction=f"{instruction} {ANSWER_NOTE}",
+        instruction=f"{instruction} {LEVEL0_ANSWER_NOTE if level == 0 else ANSWER_NOTE}",
         workspace=files,
-        verifier=FileChecksVerifier(
-            [
-                AnswerMatches(
-                    "answer.txt", text, rel_tol=rel_tol, abs_tol=0.6 * 10**-decimals if decimals else 0.5, name="answer"
-                )
-            ],
-            name="officeqa",
-        ),
+        verifier=FileChecksVerifier(checks, name="officeqa"),
         category=category,
         reference={"answer.txt": text + "\n"},
         extra={"answer": text},

@@ -122,9 +122,11 @@ def test_suite_modules_expose_load():
         assert callable(module.load)
 
 
-def test_clawgymbench_level0_gives_half_credit_for_the_right_file(tmp_path):
+@pytest.mark.parametrize("name", ["ClawGymBench", "OfficeQA"])
+def test_level0_gives_half_credit_for_the_right_file(name, tmp_path):
     """The asked-for file with the wrong content scores 0.5: GRPO gets a signal before the content is right."""
-    for i, task in enumerate(loader("ClawGymBench")("train", level=0, count=8)):
+    for i, task in enumerate(loader(name)("train", level=0, count=8)):
+        assert "write tool" in task.instruction, task.instruction
         ws = materialize_workspace(task.workspace, tmp_path / f"{i}_wrong")
         for rel in task.metadata["reference"]["files"]:
             (ws / rel).write_text("not the answer\n")
