@@ -130,9 +130,9 @@ class Matrix:
         train = [r for r in self.rows if r.phase == "train"]
         flat = degenerate_groups(train)
         lines = [
-            "| arm | seeds | steps run per seed | training rollouts per seed | degenerate groups | "
-            "mean training reward | rewards 0 / ½ / 1 |",
-            "|---|---|---|---|---|---|---|",
+            "| arm | seeds | steps run per seed | training rollouts per seed | degenerate groups | extra groups "
+            "(with differing rewards) | mean training reward | rewards 0 / ½ / 1 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         # every arm with training rows, evaluated or not: an unfinished run shows the signal it had so far
         for arm in sorted({r.arm for r in train}, key=lambda a: (len(a.split("+")), a)):
@@ -142,9 +142,11 @@ class Matrix:
             n_flat, total = flat.get(arm, (0, 0))
             shares = " / ".join(f"{np.mean([r.reward == v for r in rs]):.0%}" for v in (0.0, 0.5, 1.0))
             evaluated = "" if arm in self.arms else " (not evaluated yet)"
+            extra = degenerate_groups([r for r in rs if r.extra_group]).get(arm, (0, 0))  # dynamic sampling's
             lines.append(
                 f"| {arm}{evaluated} | {len(seeds)} | {steps} | {len(rs) / len(seeds):.0f} | "
-                f"{n_flat}/{total} ({n_flat / total:.0%}) | {np.mean([r.reward for r in rs]):.3f} | {shares} |"
+                f"{n_flat}/{total} ({n_flat / total:.0%}) | {extra[1]} ({extra[1] - extra[0]}) | "
+                f"{np.mean([r.reward for r in rs]):.3f} | {shares} |"
             )
         return "\n".join(lines) + "\n"
 
@@ -193,17 +195,19 @@ class Matrix:
                 )
                 + "."
             )
-        from benchmarks.transfer_matrix import ALGORITHMS, ARMS
+        from benchmarks.transfer_matrix import ARMS, VARIANTS
 
-        for arm, algorithm in ALGORITHMS.items():
+        number = 5
+        for arm, v in VARIANTS.items():
             (h,) = ARMS[arm]
-            if (arm, h) in self.cells and (h, h) in self.cells:
-                d = difference(self.rows, arm, h, h, comparisons=self.comparisons, suite=self.suite)
+            if (arm, h) in self.cells and (v.base, h) in self.cells:
+                d = difference(self.rows, arm, v.base, h, comparisons=self.comparisons, suite=self.suite)
                 out.append(
-                    f"5. *{algorithm.upper()} and GRPO both train through {h} and end close*: {algorithm.upper()} "
-                    f"{_fmt(self.cells[(arm, h)])}, GRPO {_fmt(self.cells[(h, h)])}; {algorithm.upper()} minus GRPO "
-                    f"{_fmt(d)}, {'shown' if d.shown else 'no difference detectable'}."
+                    f"{number}. *{v.claim.format(h=h)}*: {v.name} {_fmt(self.cells[(arm, h)])}, {v.base_name} "
+                    f"{_fmt(self.cells[(v.base, h)])}; {v.name} minus {v.base_name} {_fmt(d)}, "
+                    f"{'shown' if d.shown else 'no difference detectable'}."
                 )
+                number += 1
         return "\n".join(out) + "\n"
 
     def mixed(self) -> list[tuple[str, str, Estimate]]:

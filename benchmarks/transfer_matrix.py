@@ -6,8 +6,9 @@
     .venv/bin/python -m benchmarks.transfer_matrix --quick --out runs/matrix-quick   # tiny model, 1 step (plumbing)
 
 Arms (how the policy is trained): the white-box loop, OpenClaw, Claude Code and OpenClaw + Claude Code in one
-batch (the article's), with pi, pi + Claude Code and Claude Code trained with PPO (`ClaudeCode-PPO`, the
-article's PPO against GRPO) on request. Every arm trains with the main job's learning
+batch (the article's), with pi, pi + Claude Code and variants of one arm on request (`VARIANTS`: Claude Code
+trained with PPO, `ClaudeCode-PPO`, the article's PPO against GRPO; `ClaudeCode-DS` / `OpenClaw-DS` with
+dynamic sampling). Every arm trains with the main job's learning
 recipe (`trainers.main_job`) from the same untrained policy, once per seed, on the same training budget: two
 GRPO groups of 8 rollouts per step (a mixed arm: one group per harness). Every trained policy and the
 untrained one are evaluated on the same held-out ClawGymBench tasks (one suite seed for all; 16 tasks x 4
@@ -55,11 +56,46 @@ ARMS: dict[str, list[str]] = {
     "Pi": ["Pi"],
     "Pi+ClaudeCode": ["Pi", "ClaudeCode"],
     "ClaudeCode-PPO": ["ClaudeCode"],
+    "ClaudeCode-DS": ["ClaudeCode"],
+    "OpenClaw-DS": ["OpenClaw"],
 }
 """Training arms: the harnesses of one training batch."""
-ALGORITHMS: dict[str, str] = {"ClaudeCode-PPO": "ppo"}
-"""Arms trained with another algorithm than the recipe's GRPO (the article: PPO and GRPO through Claude Code
-both train stably and end close), on the same budget."""
+
+
+class Variant(BaseModel):
+    """An arm that is another arm with one change, compared with it in the generated claims."""
+
+    base: str
+    overrides: list[str]
+    claim: str  # the statement the comparison tests ({h}: the harness)
+    name: str  # what the variant is called in the claim ("PPO")
+    base_name: str  # and the arm it is compared with ("GRPO")
+
+
+EXTRA_GROUPS = 4
+VARIANTS: dict[str, Variant] = {
+    # the article: PPO and GRPO through Claude Code both train stably and end close (same budget)
+    "ClaudeCode-PPO": Variant(
+        base="ClaudeCode",
+        overrides=["algorithm=ppo"],
+        claim="PPO and GRPO both train through {h} and end close",
+        name="PPO",
+        base_name="GRPO",
+    ),
+    # issue #32: where the start is low most groups score all alike; dynamic sampling draws up to
+    # EXTRA_GROUPS more groups per step until one differs. More rollouts than the base arm: the signal table
+    # shows how many, and how many of the extra groups had differing rewards.
+    **{
+        f"{h}-DS": Variant(
+            base=h,
+            overrides=[f"env.extra_groups={EXTRA_GROUPS}"],
+            claim="Dynamic sampling gives {h} more to learn from",
+            name="dynamic sampling",
+            base_name="plain GRPO",
+        )
+        for h in ("ClaudeCode", "OpenClaw")
+    },
+}
 DEFAULT_ARMS = ["WhiteBox", "OpenClaw", "ClaudeCode", "OpenClaw+ClaudeCode"]
 EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode", "Pi"]
 DEFAULT_EVAL_HARNESSES = ["WhiteBox", "OpenClaw", "ClaudeCode"]
@@ -190,8 +226,8 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
     if harnesses != ["WhiteBox"]:
         overrides.append("env.ids=[" + ",".join(f"{SUITE}-{h}" for h in harnesses) + "]")
     overrides += [f"env.tasks_per_step={GROUPS_PER_STEP // len(harnesses)}", f"eval.repeats={EVAL_REPEATS}"]
-    if arm in ALGORITHMS:
-        overrides.append(f"algorithm={ALGORITHMS[arm]}")
+    if arm in VARIANTS:
+        overrides += VARIANTS[arm].overrides
     if settings.quick:
         overrides += QUICK
     return [

@@ -50,8 +50,8 @@ def test_a_number_that_differs_from_the_files_fails_the_check(tmp_path: Path) ->
     assert "| OpenClaw | 0.250: +0.000 [-0.125, +0.125], no change detectable (n=4)" in table
     assert "| untrained | 0.250 (4 seeds) | 0.250 (4 seeds) |" in table
     # budgets: seeds, steps, training rollouts per seed, degenerate groups (a group: seed, step, harness, task)
-    assert "| OpenClaw | 4 | 1/1/1/1 | 8 | 16/16 (100%) | 0.000 |" in table
-    assert "| WhiteBox | 4 | 1/1/1/1 | 8 | 0/16 (0%) | 0.250 |" in table
+    assert "| OpenClaw | 4 | 1/1/1/1 | 8 | 16/16 (100%) | 0 (0) | 0.000 |" in table
+    assert "| WhiteBox | 4 | 1/1/1/1 | 8 | 0/16 (0%) | 0 (0) | 0.250 |" in table
     assert "ClawGymBench" not in generated["transfer-unseen"]
     unseen = generated["transfer-unseen"]
     assert unseen.startswith("PinchBench (level 0, never trained on; 2 cells):")
@@ -77,7 +77,7 @@ def test_an_arm_still_training_shows_its_signal_but_no_cell(tmp_path: Path) -> N
         for i in range(4)
     ]
     table = blocks_from(tmp_path, rows)["transfer-matrix"]
-    assert "| ClaudeCode (not evaluated yet) | 1 | 3 | 12 | 2/3 (67%) | 0.083 | 92% / 0% / 8% |" in table
+    assert "| ClaudeCode (not evaluated yet) | 1 | 3 | 12 | 2/3 (67%) | 0 (0) | 0.083 | 92% / 0% / 8% |" in table
     assert "| ClaudeCode |" not in table.split("Training budgets")[0]  # no matrix row without an evaluation
 
 
@@ -143,6 +143,32 @@ def test_a_ppo_arm_is_compared_with_grpo_in_its_harness(tmp_path: Path) -> None:
     line = next(x for x in claims.splitlines() if x.startswith("5. "))
     assert "*PPO and GRPO both train through ClaudeCode and end close*" in line
     assert "PPO minus GRPO +0.000" in line and "no difference detectable" in line
+
+
+def test_dynamic_sampling_is_compared_with_its_plain_arm_and_its_extra_groups_counted(tmp_path: Path) -> None:
+    """The DS variant's claim gives both gains and the difference; its extra groups show in the signal table."""
+    rows = []
+    for seed in range(4):
+        for task in range(4):
+            for rep in range(2):
+                common = {"experiment": "transfer_matrix", "seed": seed, "suite": "ClawGymBench", "task_id": f"t{task}"}
+                common |= {"eval_harness": "OpenClaw", "repeat": rep}
+                rows.append(EvidenceRow(**common, arm="untrained", phase="before", reward=0.0))
+                rows.append(EvidenceRow(**common, arm="OpenClaw", phase="after", reward=0.0))
+                rows.append(EvidenceRow(**common, arm="OpenClaw-DS", phase="after", reward=0.5 * (task % 2)))
+        train = {"experiment": "transfer_matrix", "seed": seed, "suite": "ClawGymBench", "eval_harness": "OpenClaw"}
+        for i in range(2):  # one plain group scoring all 0, then one extra group with differing rewards
+            rows.append(EvidenceRow(**train, arm="OpenClaw-DS", phase="train", step=1, task_id="a", reward=0.0))
+            rows.append(
+                EvidenceRow(
+                    **train, arm="OpenClaw-DS", phase="train", step=1, task_id="b", reward=float(i), extra_group=True
+                )
+            )
+    generated = blocks_from(tmp_path, rows)
+    assert "| OpenClaw-DS | 4 | 1/1/1/1 | 4 | 4/8 (50%) | 4 (4) | 0.250 |" in generated["transfer-matrix"]
+    line = next(x for x in generated["transfer-claims"].splitlines() if x.startswith("5. "))
+    assert line.startswith("5. *Dynamic sampling gives OpenClaw more to learn from*: dynamic sampling +0.250 [")
+    assert "dynamic sampling minus plain GRPO +0.250 [" in line
 
 
 def test_proxy_ab_rows_are_kept_per_change() -> None:

@@ -14,6 +14,7 @@ import pytest
 from benchmarks.transfer_matrix import (
     ARMS,
     DEFAULT_EVAL_HARNESSES,
+    EXTRA_GROUPS,
     GROUPS_PER_STEP,
     UNTRAINED,
     Cell,
@@ -105,6 +106,7 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         assert "qwen2.5-coder-0.5b" in cfg.model.name and cfg.model.lora.enabled  # the learning test's recipe
         assert cfg.checkpoint.resume == "auto" and not cfg.eval.at_start
         assert cfg.algorithm.name == ("ppo" if arm.endswith("-PPO") else "grpo"), arm
+        assert cfg.env.extra_groups == (EXTRA_GROUPS if arm.endswith("-DS") else 0), arm  # dynamic sampling
 
 
 def trained_rows(rows: list[EvidenceRow]) -> list[EvidenceRow]:
