@@ -295,6 +295,13 @@ def _evaluation_arguments(cfg: Any, checkpoint: Path | None, seed: int) -> dict[
     )
 
 
+def evaluation_env_overrides(cfg: Any, env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation's env options with the adapter options `env.harness_options` gives its harness (settings
+    of the experiment, the same in every arm's config, so a column is evaluated alike for every arm)."""
+    adapter = cfg.env.options_for(env_id).get("harness_options")
+    return overrides | ({"harness_options": adapter} if adapter else {})
+
+
 def evaluate_policy(
     cfg: Any,
     checkpoint: Path | None,
@@ -317,8 +324,9 @@ def evaluate_policy(
     try:
         for suite, h in ((s, h) for s in [SUITE, *settings.transfer_suites] for h in settings.eval_harnesses):
             env_ids = [f"{suite}-{h}"]
+            args = dict(common, env_overrides=evaluation_env_overrides(cfg, env_ids[0], common["env_overrides"]))
             if plan_only:
-                reports[suite, h] = cached_evaluation(env_ids, cache=cache, **common)
+                reports[suite, h] = cached_evaluation(env_ids, cache=cache, **args)
                 continue
             name = f"{_slug(label)}-seed{seed}-{_slug(h)}" + ("" if suite == SUITE else f"-{_slug(suite)}")
             run_dir = out / "eval" / name
@@ -330,7 +338,7 @@ def evaluate_policy(
                 progress=False,
                 cache=cache,
                 concurrency=cfg.eval.concurrency,
-                **common,
+                **args,
             )
     finally:
         policy.close()

@@ -41,6 +41,34 @@ class EnvSettings(Strict):
     max_concurrency: int = Field(default=4, ge=1)
     suite_seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
+    harness_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per harness (its registered name): adapter options for the envs through it, over "
+        "options.harness_options; e.g. {OpenClaw: {api_style: openai-chat}} in an OpenClaw + Claude Code batch",
+    )
+
+    def options_for(self, env_id: str) -> dict[str, Any]:
+        """The EnvOptions overrides of one env of `ids` (`<Suite>-<Harness>`): `options`, with its harness's
+        `harness_options` over `options.harness_options`."""
+        options = dict(self.options)
+        mine = self.harness_options.get(env_id.rsplit("-", 1)[-1])
+        if mine:
+            options["harness_options"] = {**options.get("harness_options", {}), **mine}
+        return options
+
+    @model_validator(mode="after")
+    def _harness_options_name_a_harness(self) -> EnvSettings:
+        """Keys are registered harness names (not only those of `ids`: evaluations through other harnesses
+        read them too, so every arm of an experiment can carry the same settings)."""
+        from clawgym_env import registry
+
+        unknown = sorted(set(self.harness_options) - set(registry.harnesses))
+        if unknown:
+            raise ValueError(
+                f"env.harness_options names {unknown}, which is no registered harness; "
+                f"harnesses: {sorted(registry.harnesses)}"
+            )
+        return self
 
     @field_validator("options")
     @classmethod

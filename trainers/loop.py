@@ -100,7 +100,7 @@ def build_envs(cfg: TrainConfig, runtime: Any, split: str, *, evaluation: bool =
 
     envs = []
     for env_id in cfg.env.ids:
-        overrides = dict(cfg.env.options)
+        overrides = cfg.env.options_for(env_id)
         overrides.update(
             split=split, backend=cfg.sandbox.backend, backend_options=cfg.sandbox.options, temperature=temperature
         )

@@ -104,6 +104,27 @@ def test_the_sampling_temperature_is_one_knob() -> None:
     assert build_envs(cfg, None, "test", evaluation=True)[0].options.temperature == 0.0
 
 
+def test_harness_options_reach_only_their_harness() -> None:
+    """`env.harness_options.<Harness>` sets one adapter's options in a mixed batch (OpenClaw's API style next
+    to Claude Code, which has no such option); a key that is no harness is refused."""
+    chat = "+env.harness_options.OpenClaw.api_style=openai-chat"
+    cfg = compose(["env=clawgym_mixed", "env.ids=[ClawGymBench-OpenClaw,ClawGymBench-ClaudeCode]", chat])
+    openclaw, claude = build_envs(cfg, None, "train")
+    assert openclaw.options.harness_options == {"api_style": "openai-chat"} and claude.options.harness_options == {}
+    assert openclaw.adapter.api_style.value == "openai-chat"  # the adapter is built with it
+    with pytest.raises(ValidationError, match="no registered harness"):
+        compose(["+env.harness_options.Openclaw.api_style=openai-chat"])
+    # an experiment's evaluation through OpenClaw reads it from any arm's config, even a white-box arm's
+    from benchmarks.transfer_matrix import evaluation_env_overrides
+
+    white = compose(["env=clawgym_whitebox", chat])
+    assert evaluation_env_overrides(white, "ClawGymBench-OpenClaw", {"max_calls": 2}) == {
+        "max_calls": 2,
+        "harness_options": {"api_style": "openai-chat"},
+    }
+    assert evaluation_env_overrides(white, "ClawGymBench-ClaudeCode", {"max_calls": 2}) == {"max_calls": 2}
+
+
 def test_task_sampler_resumes_its_position() -> None:
     a = TaskSampler(5, seed=1)
     a.draw(3)
