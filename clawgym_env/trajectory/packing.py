@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 from clawgym_env.trajectory.forest import TrajectoryForest
 
@@ -303,6 +304,29 @@ def token_logprobs_from_logits(
     return logp, entropy
 
 
+HEAD_CHUNK = 128
+"""Targets per chunk of the output head in `tree_logprobs` (benchmarks/head_memory.py measures it)."""
+
+
+def _hidden_rows(
+    model: torch.nn.Module, inputs: dict[str, object], rows: torch.Tensor
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The output head and the final hidden states at `rows`: the model's own forward with its head
+    swapped for the identity for the call, so what comes back as logits are the rows the head would take."""
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Identity())
+    try:
+        return head, model(**inputs, logits_to_keep=rows, use_cache=False).logits[0]
+    finally:
+        model.set_output_embeddings(head)
+
+
+def _head_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return token_logprobs_from_logits(head(hidden), targets, temperature)
+
+
 def tree_logprobs(
     model: torch.nn.Module,
     batch: PackedBatch,
@@ -310,6 +334,7 @@ def tree_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    head_chunk: int | None = HEAD_CHUNK,
 ) -> TokenLogprobs:
     """Log-probs (and entropies) of the target tokens of a packed tree, each given its ancestors.
 
@@ -318,14 +343,30 @@ def tree_logprobs(
     predict a target (the parent of each, passed as transformers' `logits_to_keep`), which keeps the
     [targets x vocabulary] logits small: with a 151k vocabulary the full logits of a 4k-token tree
     would be 2.4 GB in float32. The model's own forward is called, so PEFT and FSDP wrappers see it.
+
+    Even the targets' logits are large (each float32 copy 0.6 GB at 1,000 targets, and the log-softmax,
+    the entropy's terms and their gradients add several), so with `head_chunk` the head runs
+    `head_chunk` targets at a time, each chunk recomputed in backward (`torch.utils.checkpoint`): only one
+    chunk's logits are alive at once. Same values and gradients (tests/trajectory/test_packing.py).
+    Not under torch.distributed (FSDP gathers the head's weights only inside the model's forward).
     """
     target_mask = batch.loss_mask if target_mask is None else target_mask
     target_mask = target_mask & (batch.parent_index >= 0)
     inputs = batch.model_inputs(model)
     device = inputs["input_ids"].device  # type: ignore[union-attr]
     idx = target_mask.to(device).nonzero().squeeze(-1)
-    out = model(**inputs, logits_to_keep=batch.parent_index.to(device)[idx], use_cache=False)
-    logp_t, ent_t = token_logprobs_from_logits(out.logits[0], batch.input_ids[0].to(device)[idx], temperature)
+    rows, targets = batch.parent_index.to(device)[idx], batch.input_ids[0].to(device)[idx]
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)  # applied after the head
+    if head_chunk is None or len(idx) <= head_chunk or softcap or torch.distributed.is_initialized():
+        out = model(**inputs, logits_to_keep=rows, use_cache=False)
+        logp_t, ent_t = token_logprobs_from_logits(out.logits[0], targets, temperature)
+    else:
+        head, hidden = _hidden_rows(model, inputs, rows)
+        chunks = [
+            torch.utils.checkpoint.checkpoint(_head_logprobs, head, h, t, temperature, use_reentrant=False)
+            for h, t in zip(hidden.split(head_chunk), targets.split(head_chunk), strict=True)
+        ]
+        logp_t, ent_t = torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
     logprobs = torch.zeros(batch.num_tokens, dtype=torch.float32, device=logp_t.device).index_put((idx,), logp_t)
     entropy = torch.zeros_like(logprobs)
     if with_entropy:

@@ -263,3 +263,41 @@ def _common_len(a, b) -> int:
     n = min(len(x), len(y))
     diff = np.flatnonzero(x[:n] != y[:n])
     return int(diff[0]) if diff.size else n
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_output_head_in_chunks_gives_the_same_logprobs_and_gradients(lora: bool) -> None:
+    """`head_chunk` runs the head a few targets at a time (recomputed in backward): same values and
+    gradients as the whole head at once, through a PEFT LoRA wrapper too, and the head is put back."""
+    model = small_model("qwen3", "sdpa")
+    if lora:
+        from trainers.model import LoraSettings, apply_lora
+
+        model = apply_lora(model, LoraSettings(enabled=True, r=4, alpha=8))
+        for name, p in model.named_parameters():  # a non-zero adapter, so its gradient path is not trivial
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+    batch = pack_forest(forest(2))
+    head = model.get_output_embeddings()
+    results = {}
+    for chunk in (None, 7):
+        model.zero_grad()
+        out = tree_logprobs(model, batch, batch.parent_index >= 0, temperature=0.8, head_chunk=chunk)
+        (out.logprobs.sum() + 0.1 * out.entropy.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[chunk] = (out.logprobs.detach(), out.entropy.detach(), grads)
+    assert model.get_output_embeddings() is head
+    (lp, ent, grads), (lp_c, ent_c, grads_c) = results[None], results[7]
+    assert int((batch.parent_index >= 0).sum()) > 7 * 10  # many chunks
+    assert (lp - lp_c).abs().max().item() < LOGPROB_ATOL and (ent - ent_c).abs().max().item() < LOGPROB_ATOL
+    assert grads.keys() == grads_c.keys() and (not lora or all("lora_" in n for n in grads))
+    assert_same_gradients(grads, grads_c)
+
+
+def test_the_head_memory_benchmark_measures_both_modes() -> None:
+    """benchmarks.head_memory on the tiny model: each mode in its own process; chunking the head must show
+    less added memory (its whole logits are ~1 GB here, a chunk's a tenth of that)."""
+    from benchmarks.head_memory import main
+
+    result = main(["--model", "tiny-qwen3", "--rounds", "1", "--rollouts", "2", "--scale", "40"])
+    assert result["memory_ratio"] > 1.5 and result["saved_mb"] > 200 and result["time_ratio"] > 0
