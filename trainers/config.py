@@ -60,6 +60,8 @@ class EnvSettings(Strict):
     def _harness_options_name_a_harness(self) -> EnvSettings:
         """Keys are registered harness names (not only those of `ids`: evaluations through other harnesses
         read them too, so every arm of an experiment can carry the same settings)."""
+        if not self.harness_options:
+            return self
         from clawgym_env import registry
 
         unknown = sorted(set(self.harness_options) - set(registry.harnesses))
