@@ -62,18 +62,18 @@ def _verdict(e: Estimate) -> str:
 def starting_rewards_block(rows: list[EvidenceRow]) -> str:
     if not rows:
         return "No stored run yet: `python -m benchmarks.starting_rewards --publish docs/results`.\n"
-    by_harness: dict[str, list[EvidenceRow]] = defaultdict(list)
+    by_harness: dict[tuple[str, str], list[EvidenceRow]] = defaultdict(list)
     for r in rows:
-        by_harness[r.eval_harness].append(r)
+        by_harness[r.suite, r.eval_harness].append(r)
     lines = [
-        "| harness | tasks | mean reward | full successes | failed | mean calls | commit |",
-        "|---|---|---|---|---|---|---|",
+        "| suite (level 0) | harness | tasks | mean reward | full successes | failed | mean calls | commit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for harness in sorted(by_harness, key=_harness_order):
-        rs = by_harness[harness]
+    for suite, harness in sorted(by_harness, key=lambda k: (k[0] != MATRIX_SUITE, k[0], _harness_order(k[1]))):
+        rs = by_harness[suite, harness]
         commits = sorted({r.commit[:10] for r in rs})
         lines.append(
-            f"| {harness} | {len({r.task_id for r in rs})} | {np.mean([r.reward for r in rs]):.3f} "
+            f"| {suite} | {harness} | {len({r.task_id for r in rs})} | {np.mean([r.reward for r in rs]):.3f} "
             f"| {sum(r.reward >= 1.0 for r in rs)}/{len(rs)} | {sum(r.status != 'ok' for r in rs)} "
             f"| {np.mean([r.num_calls for r in rs]):.1f} | {', '.join(commits)} |"
         )
