@@ -329,7 +329,9 @@ def main_job_block(results: Path) -> str:
                 np.mean([r.reward for r in mine if (r.phase, r.eval_harness) == (p, harness)])
                 for p in ("before", "after")
             )
-            held.append(f"{harness} {before:.3f} → {after:.3f}: {_fmt(e)}, {_verdict(e)}")
+            before_rows = [r for r in mine if (r.phase, r.eval_harness) == ("before", harness)]
+            shape = f"{len({r.task_id for r in before_rows})} tasks, {len(before_rows)} rollouts"
+            held.append(f"{harness} ({shape}) {before:.3f} → {after:.3f}: {_fmt(e)}, {_verdict(e)}")
         lines.append(
             f"| {run.run} ({run.date}) | {run.engine} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
             f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s | {run.peak_rss_main_mb / 1024:.1f} / "
@@ -340,8 +342,8 @@ def main_job_block(results: Path) -> str:
     return (
         "\n".join(lines)
         + f"\n\nFrom `docs/results/{RUNS}` (each run's own report) and `docs/results/{ROWS}` (its rollouts), made by "
-        f"{', '.join(f'`{c}`' for c in commands)} and `{command}`. Held-out: 16 tasks x 2 rollouts at T=1 before and "
-        "after; one run is one seed, so its interval covers tasks and rollouts, not training seeds.\n"
+        f"{', '.join(f'`{c}`' for c in commands)} and `{command}`. Held-out: the same tasks before and after "
+        "training; one run is one seed, so its interval covers tasks and rollouts, not training seeds.\n"
     )
 
 

@@ -43,8 +43,8 @@ OUTLAYS = {
     "Other agencies": 41_000,
 }
 ANSWER_NOTE = "Write only the number (no words) to a file named answer.txt in the workspace."
-# Level 0 names the tool, as ClawGymBench's level 0 does: without it the 0.5B model answers in chat instead
-# of writing the file, so every rollout scores 0 and GRPO has nothing to learn from.
+# Level 0 names the tool, as ClawGymBench's level 0 does (there it turned the 0.5B model's chat answers into
+# write calls; through Claude Code, OfficeQA's level 0 still starts at 0: docs/experiments.md).
 LEVEL0_ANSWER_NOTE = "Use the write tool to create the file answer.txt containing only the number (no words)."
 
 
