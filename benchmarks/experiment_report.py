@@ -326,12 +326,11 @@ def main_job_block(results: Path) -> str:
             arm = next(r.arm for r in mine if r.phase == "after" and r.eval_harness == harness)
             e = gain(mine, arm, harness)
             before, after = (
-                np.mean([r.reward for r in mine if (r.phase, r.eval_harness) == (p, harness)])
-                for p in ("before", "after")
+                [r for r in mine if (r.phase, r.eval_harness) == (p, harness)] for p in ("before", "after")
             )
-            before_rows = [r for r in mine if (r.phase, r.eval_harness) == ("before", harness)]
-            shape = f"{len({r.task_id for r in before_rows})} tasks, {len(before_rows)} rollouts"
-            held.append(f"{harness} ({shape}) {before:.3f} → {after:.3f}: {_fmt(e)}, {_verdict(e)}")
+            shape = f"{len({r.task_id for r in before})} tasks, {len(before)} rollouts"
+            means = f"{np.mean([r.reward for r in before]):.3f} → {np.mean([r.reward for r in after]):.3f}"
+            held.append(f"{harness} ({shape}) {means}: {_fmt(e)}, {_verdict(e)}")
         lines.append(
             f"| {run.run} ({run.date}) | {run.engine} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
             f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s | {run.peak_rss_main_mb / 1024:.1f} / "
