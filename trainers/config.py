@@ -163,6 +163,12 @@ class TrainConfig(Strict):
     seed: int = 0
     steps: int = Field(default=20, ge=0)
     threads: int | None = Field(default=None, ge=1)
+    mmap_threshold_mb: float = Field(
+        default=1.0,
+        ge=0,
+        description="glibc maps allocations of this size or more on their own (trainers.process_memory."
+        "map_large_allocations), so a step's freed activations leave the resident memory; 0 = glibc's default",
+    )
     device: str = "cpu"
     algorithm: Annotated[GRPOConfig | PPOConfig, Field(discriminator="name")]
     env: EnvSettings

@@ -45,6 +45,7 @@ from trainers.metrics_log import MetricsLogger, console
 from trainers.model import apply_lora, enable_gradient_checkpointing, frozen_copy, load_model, plain_copy
 from trainers.plots import plot_metrics
 from trainers.ppo import PPO, PPOConfig
+from trainers.process_memory import map_large_allocations
 from trainers.rollout_batch import RolloutBatch
 from trainers.rollout_producer import RolloutProducer
 from trainers.staleness import apply_staleness
@@ -435,6 +436,7 @@ def start_run(cfg: TrainConfig) -> Run:
     main_rank = D.rank() == 0
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    map_large_allocations(cfg.mmap_threshold_mb)
     seed_everything(cfg.seed)
     run_dir = Path(D.broadcast_object(str(cfg.run_dir)))  # rank 0's: each rank's Hydra resolves ${now:...} itself
     run_dir.mkdir(parents=True, exist_ok=True)

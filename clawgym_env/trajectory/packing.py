@@ -305,7 +305,7 @@ def token_logprobs_from_logits(
 
 
 HEAD_CHUNK = 128
-"""Targets per chunk of the output head in `tree_logprobs` (benchmarks/head_memory.py measures it)."""
+"""Targets per chunk of the output head in `tree_logprobs` (benchmarks/step_memory.py --compare head measures it)."""
 
 
 def _hidden_rows(

@@ -294,10 +294,10 @@ def test_the_output_head_in_chunks_gives_the_same_logprobs_and_gradients(lora: b
     assert_same_gradients(grads, grads_c)
 
 
-def test_the_head_memory_benchmark_measures_both_modes() -> None:
-    """benchmarks.head_memory on the tiny model: each mode in its own process; chunking the head must show
+def test_the_step_memory_benchmark_measures_both_head_modes() -> None:
+    """benchmarks.step_memory on the tiny model: each mode in its own process; chunking the head must show
     less added memory (its whole logits are ~1 GB here, a chunk's a tenth of that)."""
-    from benchmarks.head_memory import main
+    from benchmarks.step_memory import main
 
-    result = main(["--model", "tiny-qwen3", "--rounds", "1", "--rollouts", "2", "--scale", "40"])
+    result = main(["--compare", "head", "--model", "tiny-qwen3", "--rounds", "1", "--rollouts", "2", "--scale", "40"])
     assert result["memory_ratio"] > 1.5 and result["saved_mb"] > 200 and result["time_ratio"] > 0
