@@ -112,7 +112,7 @@ class Matrix:
         untrained = []
         for h in self.harnesses:
             seeds = {r.seed for r in self.rows if r.arm == UNTRAINED and r.eval_harness == h}
-            untrained.append(f"{self.mean(UNTRAINED, h, 'before'):.3f} ({len(seeds)} seeds)")
+            untrained.append(f"{self.mean(UNTRAINED, h, 'before'):.3f} ({_seeds(len(seeds))})")
         lines.append("| untrained | " + " | ".join(untrained) + " |")
         for arm in self.arms:
             cells = []
@@ -239,7 +239,7 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
     ]
     for (arm, h), e in m.cells.items():
         if arm == h:
-            summary.append(f"- trained and evaluated in {h}: {_fmt(e)}, {_verdict(e)} ({e.seeds} seeds)")
+            summary.append(f"- trained and evaluated in {h}: {_fmt(e)}, {_verdict(e)} ({_seeds(e.seeds)})")
     summary += [
         "",
         "The whole matrix and the article's claims point by point: [docs/experiments.md](docs/experiments.md).",
@@ -422,6 +422,10 @@ def plot_matrix(rows: list[EvidenceRow], path: Path) -> Path | None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
 
 
 if __name__ == "__main__":

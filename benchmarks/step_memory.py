@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"{args.model}, LoRA + gradient checkpointing, one packed forward + backward of {first['tokens']:.0f} "
         f"tokens with {first['targets']:.0f} targets; medians of {args.rounds} alternated rounds, a fresh process each"
     )
-    print(f"{'setting':<34}{'peak added MB':>15}{'left MB':>10}{'seconds':>10}")
+    print(f"{'setting':<48}{'peak added MB':>15}{'left MB':>10}{'seconds':>10}")
     for i, (label, chunk, mb) in enumerate(settings):
         detail = f"{label} (head_chunk={chunk or 'whole'}, mmap {mb:g} MiB)"
         print(
-            f"{detail:<34}{median(i, 'peak_added_mb'):>15.0f}{median(i, 'left_mb'):>10.0f}{median(i, 'seconds'):>10.1f}"
+            f"{detail:<48}{median(i, 'peak_added_mb'):>15.0f}{median(i, 'left_mb'):>10.0f}{median(i, 'seconds'):>10.1f}"
         )
     result = {
         "memory_ratio": median(0, "peak_added_mb") / median(1, "peak_added_mb"),
