@@ -51,11 +51,12 @@ def _verdict(e: Estimate) -> str:
     one_seed = "; one seed: tasks and rollouts only, not training seeds" if e.seeds == 1 else ""
     if not e.shown:
         return "no change detectable" + one_seed
-    return (
-        ("**shown**" if e.value > 0 else "**a loss, shown**")
-        + (f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons")
-        + one_seed
-    )
+    several = ""
+    if e.comparisons > 1:  # with one comparison the corrected interval is the interval
+        several = (
+            f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons"
+        )
+    return ("**shown**" if e.value > 0 else "**a loss, shown**") + several + one_seed
 
 
 # ------------------------------------------------------------------------------------------- starting rewards

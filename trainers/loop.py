@@ -45,7 +45,7 @@ from trainers.metrics_log import MetricsLogger, console
 from trainers.model import apply_lora, enable_gradient_checkpointing, frozen_copy, load_model, plain_copy
 from trainers.plots import plot_metrics
 from trainers.ppo import PPO, PPOConfig
-from trainers.process_memory import map_large_allocations
+from trainers.process_memory import map_large_allocations, memory_metrics
 from trainers.rollout_batch import RolloutBatch
 from trainers.rollout_producer import RolloutProducer
 from trainers.staleness import apply_staleness
@@ -371,7 +371,7 @@ class Run:
         evaluation of an untrained policy is read from eval.cache_dir when an equal one was measured before."""
         metrics = self._measure(label) if self.main_rank else {}
         metrics = D.broadcast_object(metrics)
-        self.logger.log({**metrics, "label": label}, self.trainer.step, kind="eval")
+        self.logger.log({**metrics, **memory_metrics(), "label": label}, self.trainer.step, kind="eval")
         if self.main_rank:
             console.print(
                 f"[bold]eval ({label}, step {self.trainer.step})[/bold] "
@@ -661,6 +661,7 @@ def training_step(
     metrics.update(timing)
     metrics["policy_version"] = float(run.trainer.step)
     metrics["step_s"] = time.perf_counter() - t0
+    metrics.update(memory_metrics())
     run.logger.log(metrics, run.trainer.step)
     return metrics
 

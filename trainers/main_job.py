@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainers.engine_choice import EngineChoice, choose_engine, cpu_summary
-from trainers.process_memory import TreeSampler, main_process_peak_mb
+from trainers.process_memory import TreeSampler, main_process_peak_mb, phase_of_peak
 
 # The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
 # few GRPO steps move the policy; one task x 8 rollouts per step, so the group's 1.4k-token pi prompt is
@@ -123,7 +123,11 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
         summary = train(cfg)
     wall_s = time.perf_counter() - started
     report = build_report(Path(cfg.run_dir), summary, wall_s)
-    report["peak_rss_mb"] = {"main_process": main_process_peak_mb(), "process_tree": tree.peak_mb}
+    report["peak_rss_mb"] = {
+        "main_process": main_process_peak_mb(),
+        "process_tree": tree.peak_mb,
+        "main_process_reached_by": phase_of_peak(metrics_rows(Path(cfg.run_dir))),
+    }
     report["engine"] = engine.model_dump()
     # where the figures came from: machines of this kind differ in speed and CPU features
     report["machine"] = {
@@ -142,9 +146,13 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
     return report
 
 
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
     """Aggregate the run's metrics.jsonl into the numbers the summary table shows."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = metrics_rows(run_dir)
     train_rows = [r for r in rows if r.get("kind") == "train"]
 
     def total(key: str) -> float:
@@ -247,8 +255,10 @@ def render_report(report: dict[str, Any]) -> Table:
     table.add_row("weight sync to the engine (share of step time)", f"{sync['seconds']:.1f} s ({share})")
     rss = report.get("peak_rss_mb")
     if rss:
+        when = f" (main's reached by {rss['main_process_reached_by']})" if rss.get("main_process_reached_by") else ""
         table.add_row(
-            "peak RSS: main process / whole process tree", f"{rss['main_process']:.0f} / {rss['process_tree']:.0f} MB"
+            "peak RSS: main process / whole process tree",
+            f"{rss['main_process']:.0f} / {rss['process_tree']:.0f} MB{when}",
         )
     table.add_row("reward curve", report["plot"])
     return table

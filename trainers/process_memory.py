@@ -94,3 +94,20 @@ def main_process_peak_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def memory_metrics() -> dict[str, float]:
+    """This process's resident memory now and its high-water mark so far (MB), for a metrics row: logged
+    after every step and evaluation, they show in which phase the peak was reached."""
+    return {"memory/rss_mb": psutil.Process().memory_info().rss / 2**20, "memory/peak_mb": main_process_peak_mb()}
+
+
+def phase_of_peak(rows: list[dict[str, object]]) -> str | None:
+    """The first metrics row (e.g. "step 3", "eval start") whose high-water mark is the run's: where the
+    main process's peak was reached (at or before that row, after the row before it)."""
+    peaks = [(r, float(r["memory/peak_mb"])) for r in rows if isinstance(r.get("memory/peak_mb"), (int, float))]
+    if not peaks:
+        return None
+    top = max(p for _, p in peaks)
+    row = next(r for r, p in peaks if p >= top)
+    return f"eval {row.get('label')}" if row.get("kind") == "eval" else f"step {row.get('step')}"

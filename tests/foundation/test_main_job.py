@@ -48,6 +48,10 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert report["weight_sync"]["seconds"] > 0 and 0 < report["weight_sync"]["share_of_step_time"] < 1
     rss = report["peak_rss_mb"]
     assert rss["process_tree"] > 100 and rss["main_process"] > 100  # torch and a model are loaded
+    assert rss["main_process_reached_by"] in {"eval start", "step 1", "step 2", "eval end"}
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    peaks = [r["memory/peak_mb"] for r in logged]  # every step and evaluation logs the process's memory
+    assert len(peaks) == 4 and peaks == sorted(peaks) and all(r["memory/rss_mb"] > 100 for r in logged)
     assert "weight sync to the engine" in stdout and "peak RSS" in stdout
     assert report["engine"]["kind"] == "transformers" and "--quick" in report["engine"]["reason"]
     assert "cores)" in report["machine"]["cpu"] and report["machine"]["load_end"] >= 0  # where figures came from

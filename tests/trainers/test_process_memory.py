@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from trainers.process_memory import TreeSampler, tree_rss_bytes
+from trainers.process_memory import TreeSampler, memory_metrics, phase_of_peak, tree_rss_bytes
 
 HOLD_MB = 200
 CHILD = f"import time; b = bytearray({HOLD_MB} * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); time.sleep(30)"
@@ -61,3 +61,17 @@ def test_mapping_large_allocations_returns_a_steps_freed_activations() -> None:
     applied, left_mapped = _rss_left(1.0)
     assert not applied_default and applied  # 0 leaves glibc alone; this machine runs glibc
     assert left_default - left_mapped > 300, (left_default, left_mapped)  # ~480 MiB held back by default
+
+
+def test_the_phase_of_the_peak_is_the_first_row_that_reached_it() -> None:
+    rows = [
+        {"kind": "eval", "label": "start", "step": 0, "memory/peak_mb": 900.0},
+        {"kind": "train", "step": 1, "memory/peak_mb": 2500.0},
+        {"kind": "train", "step": 2, "memory/peak_mb": 2500.0},  # no higher: the peak was in step 1
+        {"kind": "eval", "label": "end", "step": 2, "memory/peak_mb": 2500.0},
+    ]
+    assert phase_of_peak(rows) == "step 1"
+    assert phase_of_peak([*rows, {"kind": "eval", "label": "end", "step": 2, "memory/peak_mb": 3000.0}]) == "eval end"
+    assert phase_of_peak([{"kind": "train", "step": 1}]) is None  # rows from before memory was logged
+    now = memory_metrics()
+    assert 0 < now["memory/rss_mb"] <= now["memory/peak_mb"] * 1.01
