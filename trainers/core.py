@@ -61,8 +61,8 @@ class OptimConfig(BaseModel):
     autocast: Literal["bfloat16"] | None = Field(
         default=None,
         description="run the forward and backward passes under torch.autocast in this dtype (weights, adapters "
-        "and optimizer stay float32; log-softmax stays float32): on a CPU with AMX or AVX512_BF16 a step is "
-        "~2x faster (benchmarks.trainer_bench --compare autocast); null = float32 throughout",
+        "and optimizer stay float32; log-softmax stays float32): an update was 2.2x faster on a CPU with AMX "
+        "(benchmarks.autocast_bench); null = float32 throughout",
     )
 
 
