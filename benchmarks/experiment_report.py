@@ -332,8 +332,9 @@ def main_job_block(results: Path) -> str:
             shape = f"{len({r.task_id for r in before})} tasks, {len(before)} rollouts"
             means = f"{np.mean([r.reward for r in before]):.3f} → {np.mean([r.reward for r in after]):.3f}"
             held.append(f"{harness} ({shape}) {means}: {_fmt(e)}, {_verdict(e)}")
+        options = run.command.removeprefix("bash scripts/main.sh").strip()  # a run with options says which
         lines.append(
-            f"| {run.run} ({run.date}) | {run.engine} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
+            f"| {run.run} ({run.date}{f'; `{options}`' if options else ''}) | {run.engine} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
             f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s | {run.peak_rss_main_mb / 1024:.1f} / "
             f"{run.peak_rss_tree_mb / 1024:.1f} GB | {'; '.join(held)} | {run.cpu}, load {run.load_start:.1f} → "
             f"{run.load_end:.1f} |"
