@@ -36,7 +36,7 @@ COMPARISONS: dict[str, tuple[tuple[str, int | None, float | None], tuple[str, in
 
 def child(model_name: str, rollouts: int, scale: int, head_chunk: int, mmap_threshold_mb: float) -> dict[str, float]:
     """One measurement, in this process: load, pack, then time and sample one forward + backward."""
-    from trainers.process_memory import map_large_allocations
+    from trainers.process_memory import TreeSampler, map_large_allocations, tree_rss_mb
 
     map_large_allocations(mmap_threshold_mb)  # before anything large is allocated, as the trainer does
     import torch
@@ -46,7 +46,6 @@ def child(model_name: str, rollouts: int, scale: int, head_chunk: int, mmap_thre
     from clawgym_env.trajectory.packing import pack_forests, tree_logprobs
     from trainers.core import OptimConfig
     from trainers.model import LoraSettings, apply_lora, enable_gradient_checkpointing
-    from trainers.process_memory import TreeSampler, tree_rss_mb
 
     torch.set_num_threads(2)
     model, _ = load_policy_model(model_name)
