@@ -122,11 +122,12 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
     with TreeSampler(every_s=1.0) as tree:
         summary = train(cfg)
     wall_s = time.perf_counter() - started
-    report = build_report(Path(cfg.run_dir), summary, wall_s)
+    rows = metrics_rows(Path(cfg.run_dir))
+    report = build_report(Path(cfg.run_dir), rows, summary, wall_s)
     report["peak_rss_mb"] = {
         "main_process": main_process_peak_mb(),
         "process_tree": tree.peak_mb,
-        "main_process_reached_by": phase_of_peak(metrics_rows(Path(cfg.run_dir))),
+        "main_process_reached_by": phase_of_peak(rows),
     }
     report["engine"] = engine.model_dump()
     # where the figures came from: machines of this kind differ in speed and CPU features
@@ -150,9 +151,8 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def build_report(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    """Aggregate the run's metrics.jsonl into the numbers the summary table shows."""
-    rows = metrics_rows(run_dir)
+def build_report(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Aggregate the run's metrics rows (its metrics.jsonl) into the numbers the summary table shows."""
     train_rows = [r for r in rows if r.get("kind") == "train"]
 
     def total(key: str) -> float:

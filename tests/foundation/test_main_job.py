@@ -94,9 +94,9 @@ def test_report_lists_failure_reasons(tmp_path):
 
     from trainers.main_job import build_report, render_report
 
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "train", "rollouts": 2, "rollouts_failed": 2}) + "\n")
+    rows = [{"kind": "train", "rollouts": 2, "rollouts_failed": 2}]
     summary = {"steps": 1, "failures": {"sandbox": {"SandboxError: did not start": 2}}}
-    report = build_report(tmp_path, summary, 1.0)
+    report = build_report(tmp_path, rows, summary, 1.0)
     assert report["failures"] == {"sandbox": {"SandboxError: did not start": 2}}
     console = Console(record=True, width=200)
     console.print(render_report(report))
