@@ -5,8 +5,9 @@ metadata. Each task's `RubricVerifier` holds several binary criteria, all checke
 of the generated files (the right total, the right department, the right set of flagged invoices ...).
 
 Categories: spreadsheet, database, documents, images. Level 0: one small file and one fact written to
-answer.txt; level 1: one larger file and a structured output (JSON or CSV) of several facts; level 2:
-two or three files of different kinds combined into one output.
+answer.txt, built like ClawGymBench's level 0 (the instruction names the `write` tool; half the reward for
+answer.txt existing, half for the fact); level 1: one larger file and a structured output (JSON or CSV) of
+several facts; level 2: two or three files of different kinds combined into one output.
 """
 
 from __future__ import annotations
@@ -150,10 +151,10 @@ def spreadsheet(rng: random.Random, level: int) -> Draft:
     files: dict[str, str | bytes] = {"expenses.xlsx": xlsx_bytes("Expenses", header, rows)}
     total = round(sum(r[3] for r in rows), 2)
     if level == 0:
-        instr = "expenses.xlsx lists company expenses. What is the total of the Amount column? Write only the number to answer.txt."
+        instr = "expenses.xlsx lists company expenses. What is the total of the Amount column? Use the write tool to write only the number to answer.txt."
         crit = [
             Criterion("answer_written", check=FileExists("answer.txt")),
-            Criterion("total_correct", 3, AnswerMatches("answer.txt", total, rel_tol=1e-4)),
+            Criterion("total_correct", check=AnswerMatches("answer.txt", total, rel_tol=1e-4)),
         ]
         return _draft(
             level, "spreadsheet", instr, files, crit, {"answer.txt": f"{total:.2f}\n"}, {"total": total, "rows": rows}
@@ -230,10 +231,10 @@ def database(rng: random.Random, level: int) -> Draft:
     if level == 0:
         dept = rng.choice(sorted({e[2] for e in emps}))
         count = sum(e[2] == dept for e in emps)
-        instr = f"The SQLite database hr.db has a table employees. How many employees work in the {dept} department? Write only the number to answer.txt."
+        instr = f"The SQLite database hr.db has a table employees. How many employees work in the {dept} department? Use the write tool to write only the number to answer.txt."
         crit = [
             Criterion("answer_written", check=FileExists("answer.txt")),
-            Criterion("count_correct", 3, AnswerMatches("answer.txt", count, rel_tol=0)),
+            Criterion("count_correct", check=AnswerMatches("answer.txt", count, rel_tol=0)),
         ]
         return _draft(
             level,
@@ -317,10 +318,10 @@ def documents(rng: random.Random, level: int) -> Draft:
     ]
     files: dict[str, str | bytes] = {"contract.docx": docx_bytes("Services Agreement", paragraphs)}
     if level == 0:
-        instr = "contract.docx is a services agreement. What total fee does the Client pay? Write only the amount in dollars to answer.txt."
+        instr = "contract.docx is a services agreement. What total fee does the Client pay? Use the write tool to write only the amount in dollars to answer.txt."
         crit = [
             Criterion("answer_written", check=FileExists("answer.txt")),
-            Criterion("fee_correct", 3, AnswerMatches("answer.txt", fee, rel_tol=1e-6)),
+            Criterion("fee_correct", check=AnswerMatches("answer.txt", fee, rel_tol=1e-6)),
         ]
         return _draft(
             level, "documents", instr, files, crit, {"answer.txt": f"{fee}\n"}, {"fee": fee, "client": client}
@@ -385,12 +386,10 @@ def images(rng: random.Random, level: int) -> Draft:
     files: dict[str, str | bytes] = {f"{prefix}{p[0]}": png_bytes(rng, p[1], p[2], p[3]) for p in photos}
     if level == 0:
         author = photos[0][3]["Author"]
-        instr = (
-            "photo.png carries text metadata (PNG text chunks). Who is its Author? Write only the name to answer.txt."
-        )
+        instr = "photo.png carries text metadata (PNG text chunks). Who is its Author? Use the write tool to write only the name to answer.txt."
         crit = [
             Criterion("answer_written", check=FileExists("answer.txt")),
-            Criterion("author_correct", 3, AnswerMatches("answer.txt", author)),
+            Criterion("author_correct", check=AnswerMatches("answer.txt", author)),
         ]
         return _draft(level, "images", instr, files, crit, {"answer.txt": author + "\n"}, {"author": author})
     if level == 1:
