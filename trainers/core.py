@@ -258,11 +258,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        model_state = _module_state(self.model)
+        # a LoRA policy: its adapters are all that training changed (~1 % of the bytes); copying only them
+        # keeps a checkpoint from holding a second copy of the frozen base weights while it is written
         adapter_only = hasattr(self.model, "peft_config")
-        if adapter_only:  # a LoRA policy: its adapters are all that training changed (~1 % of the bytes)
-            trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
-            model_state = {k: v for k, v in model_state.items() if k in trainable}
+        model_state = _module_state(self.model, trainable_only=adapter_only)
         state: dict[str, Any] = {
             "step": self.step,
             "model": model_state,
@@ -324,11 +323,15 @@ def _split(items: list[TreeBatch], parts: int) -> list[list[TreeBatch]]:
 
 
 # FSDP-aware state helpers: full (unsharded) state on CPU, so a checkpoint loads into any world size.
-def _module_state(module: nn.Module) -> dict[str, torch.Tensor]:
+def _module_state(module: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """A copy of the module's state, or of its trainable parameters only (nothing frozen is copied)."""
     if D.is_distributed():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+        return get_model_state_dict(module, options=options)
+    if trainable_only:
+        return {k: p.detach().clone() for k, p in module.named_parameters() if p.requires_grad}
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
