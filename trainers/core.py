@@ -329,7 +329,12 @@ def _module_state(module: nn.Module, trainable_only: bool = False) -> dict[str, 
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
-        return get_model_state_dict(module, options=options)
+        state = get_model_state_dict(module, options=options)
+        if not trainable_only:
+            return state
+        # it keeps a frozen weight tied to another (the output head): keep only what trains, as one process does
+        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        return {k: v for k, v in state.items() if k in trainable}
     if trainable_only:
         return {k: p.detach().clone() for k, p in module.named_parameters() if p.requires_grad}
     return {k: v.detach().clone() for k, v in module.state_dict().items()}

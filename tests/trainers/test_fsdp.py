@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
+LORA_WORKER = Path(__file__).with_name("fsdp_lora_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -20,8 +21,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("fsdp_worker", WORKER)
+def run_alone_and_on_two(worker_path: Path, tmp_path: Path) -> tuple[dict, dict]:
+    """The worker's result in this process and under torchrun with 2 gloo processes."""
+    spec = importlib.util.spec_from_file_location(worker_path.stem, worker_path)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     worker.main(str(tmp_path / "one.json"))
@@ -42,15 +44,18 @@ def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
             "127.0.0.1",
             "--master_port",
             str(free_port()),
-            str(WORKER),
+            str(worker_path),
             str(tmp_path / "two.json"),
         ]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
         if proc.returncode == 0 or "address already in use" not in proc.stderr.lower():
             break
     assert proc.returncode == 0, proc.stderr[-3000:]
-    one = json.loads((tmp_path / "one.json").read_text())
-    two = json.loads((tmp_path / "two.json").read_text())
+    return json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
+
+
+def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
+    one, two = run_alone_and_on_two(WORKER, tmp_path)
     assert one["world"] == 1 and two["world"] == 2
     assert two["sharded"] and not one["sharded"]
     assert one["unwrap_ok"] and two["unwrap_ok"]  # unwrap and decoder_and_head work on an FSDP2-sharded model
@@ -74,3 +79,14 @@ def test_two_gloo_processes_match_one(tmp_path: Path) -> None:
     assert one["weights"].keys() == two["weights"].keys()
     for key, value in one["weights"].items():
         assert abs(value - two["weights"][key]) <= 1e-4 * max(1.0, abs(value)), key
+
+
+def test_a_sharded_lora_checkpoint_holds_the_same_adapter(tmp_path: Path) -> None:
+    """Under FSDP2 a LoRA policy's checkpoint gathers only its adapter (frozen base weights are not copied)
+    and holds the same tensors as one process's."""
+    one, two = run_alone_and_on_two(LORA_WORKER, tmp_path)
+    assert one["format"] == two["format"] == "adapter"
+    assert one["model"] and one["model"].keys() == two["model"].keys()
+    assert all("lora_" in k for k in one["model"])
+    for key, value in one["model"].items():
+        assert value > 0 and abs(value - two["model"][key]) <= 1e-6 * value, key
