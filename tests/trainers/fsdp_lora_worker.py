@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from tests.trainers.conftest import small_qwen3
 from trainers import distributed as D
 from trainers.core import OptimConfig, Trainer
 from trainers.grpo import GRPO
@@ -23,18 +23,7 @@ from trainers.model import LoraSettings, apply_lora
 def main(out: str) -> None:
     torch.set_num_threads(1)
     D.init_from_env("gloo")
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    model = apply_lora(Qwen3ForCausalLM(config).float(), LoraSettings(enabled=True, r=4))
+    model = apply_lora(small_qwen3(seed=0), LoraSettings(enabled=True, r=4))  # its head is tied, as Qwen2.5's
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
