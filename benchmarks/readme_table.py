@@ -181,7 +181,7 @@ def table(stored: dict[str, dict[str, Any]]) -> str:
     source = (
         f"Figures from `docs/results/{FILE}` (made by `python -m benchmarks.readme_table --run all --publish "
         f"docs/results`; CPU: {'; '.join(cpus) or 'none stored yet'}); earlier dated figures of the rows not "
-        "stored yet are in [the results log](docs/results_log.md#readme-benchmark-table-2026-12-04)."
+        "stored yet are in [the results log](docs/results_log/2026-12-04.md#readme-benchmark-table-2026-12-04)."
     )
     return "\n".join(lines) + "\n\n" + source + "\n"
 

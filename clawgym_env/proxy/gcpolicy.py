@@ -6,7 +6,7 @@ permanent generation (`gc.freeze()`), so later passes walk only what was made si
 the open rollouts. It also makes full passes rarer (`FULL_PASS_EVERY`) and young passes rarer
 (`YOUNG_PASS_EVERY`), since a model call allocates hundreds of objects that live across other calls. What it
 buys (less GC time per call, more calls per proxy CPU-second at 64-1,000 rollouts) is measured by
-`benchmarks/proxy_load.py` (`gc_ms_per_call`); the tuning runs are in docs/results_log.md. The cost: garbage
+`benchmarks/proxy_load.py` (`gc_ms_per_call`); the tuning runs are in docs/results_log/proxy-4.md. The cost: garbage
 in reference cycles waits longer to be freed, and a cycle among startup objects is never collected.
 """
 
