@@ -74,10 +74,12 @@ class Variant(BaseModel):
 
 EXTRA_GROUPS = 4
 VARIANTS: dict[str, Variant] = {
-    # the article: PPO and GRPO through Claude Code both train stably and end close (same budget)
+    # the article: PPO and GRPO through Claude Code both train stably and end close (same budget). The critic
+    # is a value head on the frozen base model's features: training a second 0.5B trunk (and its optimizer
+    # state) would about double the update, the longest part of a step on two cores.
     "ClaudeCode-PPO": Variant(
         base="ClaudeCode",
-        overrides=["algorithm=ppo"],
+        overrides=["algorithm=ppo", "algorithm.train_critic_trunk=false"],
         claim="PPO and GRPO both train through {h} and end close",
         name="PPO",
         base_name="GRPO",
