@@ -11,6 +11,8 @@ be recomputed without ClawGym:
 
 Phases: "before" (the untrained policy, arm "untrained"), "after" (the policy trained in `arm`), "train"
 (a rollout of a training step; `step` says which, `eval_harness` is the harness it ran through).
+An evaluation measured more than once with identical settings (same `evaluation` digest) keeps every draw
+(`draw` 0, 1, ...): the example above pools them, as `evaluation.gains` does.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class EvidenceRow(BaseModel):
     wall_s: float | None = None  # the rollout's wall time (sandbox, harness, calls, verifier)
     checkpoint: str | None = None  # the policy's checkpoint, relative to the experiment's folder
     commit: str = "unknown"
+    evaluation: str | None = None  # evaluation rows: the measurement's identity (evaluation.cache.EvalKey digest)
+    draw: int = 0  # evaluation rows: which draw of that measurement (publish_rows keeps every draw)
 
 
 def current_commit(repo: Path | None = None) -> str:
@@ -80,6 +84,7 @@ def rows_from_report(report: EvalReport, **fields: Any) -> list[EvidenceRow]:
             status=row.status,
             num_calls=row.num_calls,
             generated_tokens=row.generated_tokens,
+            evaluation=report.evaluation,
             **fields,
         )
         for row in report.rows
@@ -150,18 +155,51 @@ def write_rows(path: str | Path, rows: Iterable[EvidenceRow]) -> Path:
 
 
 def publish_rows(path: str | Path, rows: Sequence[EvidenceRow]) -> Path:
-    """Merge `rows` into a published file: an (experiment, phase, arm, seed, harness, suite) measured now
-    replaces its earlier rows, the rest stay. So an experiment filled over sessions (a fresh output folder
-    each time) never drops what was published before, and runs named apart (the main job's, by their
-    directories) never replace each other."""
+    """Merge `rows` into a published file.
+
+    Rows are grouped by (experiment, phase, arm, seed, harness, suite). A group measured now replaces its
+    earlier rows (a retrained policy, an evaluation under other settings), except that every draw of the
+    same evaluation is kept: when the earlier rows carry the same `evaluation` digest (same policy,
+    checkpoint, tasks, seeds, harness code and settings) and the new rows are another draw, they are added
+    as the next `draw`. So an experiment filled over sessions (a fresh output folder each time) never drops
+    what was published before, a re-measured untrained policy adds to its baseline instead of moving every
+    cell to whichever draw came last, republishing the same draw changes nothing, and runs named apart (the
+    main job's, by their directories) never replace each other."""
 
     def key(r: EvidenceRow) -> tuple[str, str, str, int, str, str]:
         return (r.experiment, r.phase, r.arm, r.seed, r.eval_harness, r.suite)
 
     path = Path(path)
-    measured = {key(r) for r in rows}
-    kept = [r for r in read_rows(path) if key(r) not in measured] if path.is_file() else []
-    return write_rows(path, kept + list(rows))
+    earlier: dict[tuple[str, str, str, int, str, str], list[EvidenceRow]] = {}
+    for r in read_rows(path) if path.is_file() else []:
+        earlier.setdefault(key(r), []).append(r)
+    now: dict[tuple[str, str, str, int, str, str], list[EvidenceRow]] = {}
+    for r in rows:
+        now.setdefault(key(r), []).append(r)
+    merged = [r for k, group in earlier.items() if k not in now for r in group]
+    for k, group in now.items():
+        merged += _merge_draws(earlier.get(k, []), group)
+    return write_rows(path, merged)
+
+
+def _merge_draws(earlier: list[EvidenceRow], new: list[EvidenceRow]) -> list[EvidenceRow]:
+    """One group's rows after publishing `new`: the earlier draws of the same evaluation, then `new` as the
+    draw it repeats or the next one; or `new` alone when it measured something else."""
+    digests = {r.evaluation for r in new}
+    if len(digests) != 1 or None in digests or {r.evaluation for r in earlier} != digests:
+        return list(new)
+    draws: dict[int, list[EvidenceRow]] = {}
+    for r in earlier:
+        draws.setdefault(r.draw, []).append(r)
+
+    def outcome(group: list[EvidenceRow]) -> list[tuple[Any, ...]]:
+        fields = ("task_id", "repeat", "reward", "status", "num_calls", "generated_tokens")
+        return sorted(tuple(getattr(r, f) for f in fields) for r in group)
+
+    same = next((d for d, group in draws.items() if outcome(group) == outcome(new)), None)
+    number = same if same is not None else max(draws) + 1
+    draws[number] = [r.model_copy(update={"draw": number}) for r in new]
+    return [r for _, group in sorted(draws.items()) for r in group]
 
 
 def read_rows(path: str | Path) -> list[EvidenceRow]:

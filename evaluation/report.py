@@ -145,6 +145,7 @@ class EvalReport(SavedReport):
     wall_s: float = 0.0
     run_dir: str | None = None
     cached_from: str | None = None  # the cache entry this report was read from (None: measured by this call)
+    evaluation: str | None = None  # its EvalKey's digest, when evaluated with a cache: equal digests, same measurement
     commit: str | None = None  # the checkout's commit when the rollouts ran (evaluation.evidence.current_commit)
 
     def tables(self) -> list[Table]:

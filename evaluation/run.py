@@ -169,6 +169,7 @@ def evaluate(
             if stored is not None:
                 report = EvalReport.model_validate(stored)
                 report.cached_from = str(cache.path(key))
+                report.evaluation = key.digest()
                 return report
         # Start the shared proxy once, before the rollouts race to start it (Runtime.proxy is not locked).
         runtime.run(runtime.proxy())
@@ -192,6 +193,7 @@ def evaluate(
     report.commit = commit
     report.wall_s = time.perf_counter() - start
     report.run_dir = str(run_dir)
+    report.evaluation = key.digest() if key is not None else None
     if save:
         report.save(run_dir)
     if key is not None and cache is not None:
@@ -250,6 +252,7 @@ def cached_evaluation(
         return None
     report = EvalReport.model_validate(stored)
     report.cached_from = str(cache.path(key))
+    report.evaluation = key.digest()
     return report
 
 

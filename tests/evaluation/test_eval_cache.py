@@ -100,12 +100,14 @@ def test_real_tiny_evaluation_is_measured_once_then_read_back(tmp_path: Path) ->
     start = time.perf_counter()
     second = evaluate(policy, ["ClawGymBench-WhiteBox"], run_dir=tmp_path / "b", **kwargs)
     assert second.cached_from == str(cache.path(cache_key_of(first, cache)))
+    assert first.evaluation == second.evaluation == cache_key_of(first, cache).digest()  # the rows' identity
     assert time.perf_counter() - start < first.wall_s  # no rollout ran
     assert second.rows == first.rows and second.by_harness == first.by_harness
     assert not (tmp_path / "b" / "calls.jsonl").exists()
     # another seed is another measurement
     third = evaluate(policy, ["ClawGymBench-WhiteBox"], run_dir=tmp_path / "c", seed=1, **kwargs)
     assert third.cached_from is None and cache.misses == 2 and cache.hits == 1
+    assert third.evaluation not in (None, first.evaluation)
 
 
 def cache_key_of(report, cache: EvalCache) -> EvalKey:  # type: ignore[no-untyped-def]

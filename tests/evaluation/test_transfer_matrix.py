@@ -160,6 +160,7 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert read_rows(tmp_path / "published" / "transfer_matrix.jsonl.gz") == rows
     evaluated = [r for r in rows if r.phase != "train"]
     assert len(evaluated) == n_evals
+    assert all(r.evaluation and r.draw == 0 for r in evaluated)  # each says which measurement it is a draw of
     assert {(r.arm, r.phase) for r in evaluated} == {(UNTRAINED, "before"), *((a, "after") for a in arms)}
     assert {r.suite for r in evaluated} == {"ClawGymBench", "PinchBench"}
     assert {r.suite for r in trained_rows(rows)} == {"ClawGymBench"}
@@ -190,10 +191,11 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert config["env"]["ids"] == ["ClawGymBench-OpenClaw", "ClawGymBench-ClaudeCode"]
 
     start = time.perf_counter()
-    again = main(argv)
+    again = main([*argv, "--publish", str(tmp_path / "published")])
     assert not any(r.trained_now for r in again.training) and again.evaluations_measured == 0
     assert again.evaluations_reused == first.evaluations_measured and means(again) == means(first)
     assert read_rows(out / "evidence.jsonl.gz") == rows
+    assert read_rows(tmp_path / "published" / "transfer_matrix.jsonl.gz") == rows  # the same draws: no new ones
     assert time.perf_counter() - start < 60  # nothing trained or rolled out (training alone took minutes)
 
     # an unfinished run (no summary yet): --plan reads its training rows so far, evaluates nothing
