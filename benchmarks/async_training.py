@@ -2,12 +2,15 @@
 
     .venv/bin/python -m benchmarks.async_training --out runs/async                     # k = 0, 1, 2; seeds 0, 1
     .venv/bin/python -m benchmarks.async_training --out runs/async --staleness 0 1 --seeds 0 --adapter
+    .venv/bin/python -m benchmarks.async_training --out runs/async --staleness 0 --seeds 0 1 2 --bf16
     .venv/bin/python -m benchmarks.async_training --out runs/async --publish docs/results
 
 For each seed and each `trainer.max_staleness` k, the main job's recipe (`trainers.main_job`, on the engine
 the machine picks) trains the same number of updates from the same untrained policy, whose start evaluation
 is measured once per seed and shared (`eval.cache_dir`). `--adapter` adds an arm with k = 0 and
-`model.lora.sync=adapter` (in-process vLLM): the same recipe pushing the adapter alone.
+`model.lora.sync=adapter` (in-process vLLM): the same recipe pushing the adapter alone. `--bf16` adds an arm
+with k = 0 and `optim.autocast=bfloat16`: the same recipe with its forward and backward passes under bfloat16
+autocast (faster updates on a CPU with AMX; does it learn as well?).
 
 Per arm it prints: wall time per step, the share of it the trainer spent updating (trainer busy) and the share
 the rollout side spent collecting (rollout side busy: above 1 - trainer busy only when the two overlap), held-out
@@ -54,17 +57,24 @@ class StepTiming(BaseModel):
     cpu: str = "unknown"
 
 
-def arm_name(k: int, adapter: bool = False) -> str:
-    return f"staleness-{k}" + ("+adapter" if adapter else "")
+VARIANTS = {  # an arm's change to the recipe, besides its staleness: its name suffix -> what it overrides
+    "adapter": ["model.lora.sync=adapter"],
+    "bf16": ["optim.autocast=bfloat16"],
+}
 
 
-def arm_overrides(k: int, adapter: bool, seed: int, run_dir: Path, cache: Path, extra: list[str]) -> list[str]:
-    """The main job's recipe on this machine's engine, with the arm's staleness (and adapter sync)."""
+def arm_name(k: int, variant: str | None = None) -> str:
+    return f"staleness-{k}" + (f"+{variant}" if variant else "")
+
+
+def arm_overrides(k: int, variant: str | None, seed: int, run_dir: Path, cache: Path, extra: list[str]) -> list[str]:
+    """The main job's recipe on this machine's engine, with the arm's staleness and variant."""
     from trainers.main_job import main_job_overrides, pick_engine
 
     _, engine = pick_engine(False, extra)
-    if adapter:
-        engine = ["engine=vllm", "model.lora.sync=adapter"] + [o for o in engine if o.startswith("+engine.options")]
+    if variant == "adapter":  # adapters are pushed to the in-process vLLM engine
+        engine = ["engine=vllm"] + [o for o in engine if o.startswith("+engine.options")]
+    engine += VARIANTS[variant] if variant else []
     return main_job_overrides(run_dir=run_dir, extra=engine + extra) + [
         f"seed={seed}",
         f"trainer.max_staleness={k}",
@@ -76,17 +86,17 @@ def arm_overrides(k: int, adapter: bool, seed: int, run_dir: Path, cache: Path, 
 
 
 def run_arm(
-    k: int, adapter: bool, seed: int, out: Path, extra: list[str]
+    k: int, variant: str | None, seed: int, out: Path, extra: list[str]
 ) -> tuple[list[EvidenceRow], list[StepTiming]]:
     """Train one arm at one seed (or read it back) and return its evidence and step timings."""
     from trainers.engine_choice import cpu_facts
     from trainers.loop import train
     from trainers.main import compose
 
-    arm = arm_name(k, adapter)
+    arm = arm_name(k, variant)
     run_dir = out / "runs" / f"{arm}-seed{seed}"
     if not (run_dir / "summary.json").is_file():
-        train(compose(arm_overrides(k, adapter, seed, run_dir, out / "eval-cache", extra)))
+        train(compose(arm_overrides(k, variant, seed, run_dir, out / "eval-cache", extra)))
     evidence = [
         r.model_copy(update={"experiment": "async_training", "arm": arm if r.arm != "untrained" else r.arm})
         for path in (run_dir / "eval_rollouts.jsonl", run_dir / "rollouts.jsonl")
@@ -116,7 +126,7 @@ def run_arm(
 
 def arm_summaries(rows: list[EvidenceRow], timings: list[StepTiming]) -> list[dict[str, Any]]:
     """Per arm: seconds per step, busy shares, push bytes and seconds, checkpoint bytes, gain and difference."""
-    arms = sorted({t.arm for t in timings}, key=lambda a: (a.endswith("adapter"), a))
+    arms = sorted({t.arm for t in timings}, key=lambda a: ("+" in a, a))
     harness = next(r.eval_harness for r in rows if r.phase == "after")
     out = []
     for arm in arms:
@@ -187,15 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--adapter", action="store_true", help="also k = 0 with model.lora.sync=adapter")
+    parser.add_argument("--bf16", action="store_true", help="also k = 0 with optim.autocast=bfloat16")
     parser.add_argument("--publish", type=Path, default=None, help="merge the rows into DIR/async_training*.jsonl.gz")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
-    arms = [(k, False) for k in args.staleness] + ([(0, True)] if args.adapter else [])
+    arms = [(k, None) for k in args.staleness]
+    arms += [(0, variant) for variant in VARIANTS if getattr(args, variant)]
     rows: list[EvidenceRow] = []
     timings: list[StepTiming] = []
     for seed in args.seeds:
-        for k, adapter in arms:
-            r, t = run_arm(k, adapter, seed, args.out, list(args.overrides))
+        for k, variant in arms:
+            r, t = run_arm(k, variant, seed, args.out, list(args.overrides))
             rows += r
             timings += t
     seen: set[tuple[Any, ...]] = set()  # the shared start evaluation appears once per seed

@@ -54,3 +54,17 @@ def test_the_replay_matches_hand_computed_schedules() -> None:
     assert ahead["slots_idle"] < 0.01 and sync["slots_idle"] > 0.28
     slow_tail = replay(np.array([1.0] * 99 + [100.0]), 64, 4.0, 0)
     assert slow_tail["slots_idle"] > 0.9  # one slow harness start in a wide batch idles every slot
+
+
+def test_each_variant_changes_only_what_it_names(tmp_path: Path) -> None:
+    from benchmarks.async_training import arm_name, arm_overrides
+    from trainers.main import compose
+
+    def cfg(variant: str | None):  # type: ignore[no-untyped-def]
+        return compose(arm_overrides(0, variant, 0, tmp_path / "run", tmp_path / "cache", ["engine=vllm"]))
+
+    plain, bf16, adapter = cfg(None), cfg("bf16"), cfg("adapter")
+    assert (plain.optim.autocast, bf16.optim.autocast) == (None, "bfloat16")
+    assert (plain.model.lora.sync, adapter.model.lora.sync, bf16.model.lora.sync) == ("merged", "adapter", "merged")
+    assert plain.model_dump(exclude={"optim"}) == bf16.model_dump(exclude={"optim"})
+    assert [arm_name(0), arm_name(0, "bf16")] == ["staleness-0", "staleness-0+bf16"]
