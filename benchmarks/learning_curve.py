@@ -31,21 +31,29 @@ from trainers.main import compose
 
 
 def finished_summary(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
-    """The summary of an earlier run in `run_dir` with the same config (run dir, display, evaluation
-    concurrency and cache aside: they change how fast a run measures, not what), if any: a benchmark of
+    """The summary of an earlier run in `run_dir` with the same config (`same_config`), if any: a benchmark of
     hours is resumable run by run."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
-        done = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
         return None
+    return summary if same_config(run_dir, cfg) and summary.get("eval_end") else None
+
+
+def same_config(run_dir: Path, cfg: Any) -> bool:
+    """Whether the run in `run_dir` was started with `cfg` (run dir, display, evaluation concurrency and cache
+    aside: they change how fast a run measures, not what)."""
+    try:
+        done = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
     want = json.loads(cfg.model_dump_json())
     for c in (done, want):
         c.pop("run_dir", None)
         c.get("logging", {}).pop("progress", None)
         for speed_only in ("concurrency", "cache_dir"):
             c.get("eval", {}).pop(speed_only, None)
-    return summary if done == want and summary.get("eval_end") else None
+    return done == want
 
 
 def run(algorithm: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:

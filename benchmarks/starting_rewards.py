@@ -3,7 +3,8 @@
 A harness that starts at 0 gives GRPO no signal (every group is degenerate), so the transfer matrix
 (docs/experiments.md) is only worth running where each harness starts above 0. This runs the untrained
 policy greedily (T=0, one rollout per task) on the same held-out tasks through each harness, with the
-learning recipe's per-call limits (`trainers.main_job.MAIN_OVERRIDES`), and prints one row per harness:
+learning recipe's per-call limits (`trainers.main_job.MAIN_OVERRIDES`) and the matrix's adapter options
+(`benchmarks.transfer_matrix.HARNESS_OPTIONS`: OpenClaw through the chat API), and prints one row per harness:
 
     .venv/bin/python -m benchmarks.starting_rewards                     # 0.5B policy, 8 tasks, 4 harnesses
     .venv/bin/python -m benchmarks.starting_rewards --harnesses OpenClaw --publish docs/results   # one harness
@@ -23,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.transfer_matrix import HARNESS_OPTIONS
 from evaluation import evaluate, make_eval_policy
 from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, rows_from_report, write_rows
 
@@ -51,6 +53,7 @@ def starting_rewards(
     policy = make_eval_policy(model)
     rows = []
     for harness in harnesses:
+        adapter = {"harness_options": HARNESS_OPTIONS[harness]} if harness in HARNESS_OPTIONS else {}
         report = evaluate(
             policy,
             [f"{suite}-{harness}"],
@@ -59,7 +62,7 @@ def starting_rewards(
             count=count,
             temperature=0.0,
             concurrency=concurrency,
-            env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s},
+            env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s, **adapter},
             run_dir=out / harness,
             model_name=model,
             progress=False,

@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.learning_curve import finished_summary
+from benchmarks.learning_curve import finished_summary, same_config
 from evaluation import EvalCache, EvalReport, cached_evaluation, evaluate
 from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, read_rows, rows_from_report, write_rows
 from evaluation.gains import Estimate, difference, gain
@@ -109,6 +109,12 @@ GROUPS_PER_STEP = 2
 """GRPO groups per training step in every arm (a mixed arm of two harnesses: one each): equal budgets."""
 EVAL_REPEATS = 4
 """Rollouts per held-out task: 16 tasks x 4 = 64 per evaluation."""
+HARNESS_OPTIONS: dict[str, dict[str, str]] = {"OpenClaw": {"api_style": "openai-chat"}}
+"""Adapter options of a harness wherever it runs: in the arms that train through it, in its evaluation column
+and in the starting rewards (arms that do not train through it keep their configs). OpenClaw speaks the chat
+completions API here: that transport moves the line with the run's session id out of the system prompt, so
+a group's rollouts share ~7.6k of their ~7.8k prompt tokens (5k with the responses API), which the engine
+prefills and the trainer packs once per group (results log, 2026-12-05)."""
 QUICK = ["steps=1", "env.train_tasks=1", "env.eval_tasks=1", "eval.repeats=1", "env.options.max_new_tokens=8"]
 """On top of the main job's --quick preset (tiny random model): one step on one task, one held-out task."""
 
@@ -234,6 +240,7 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
         overrides += QUICK
     return [
         *overrides,
+        *(f"++env.harness_options.{h}.{k}={v}" for h in harnesses for k, v in HARNESS_OPTIONS.get(h, {}).items()),
         f"seed={seed}",
         "env.suite_seed=0",
         "eval.at_start=false",
@@ -256,6 +263,11 @@ def train_arm(arm: str, seed: int, out: Path, settings: MatrixSettings) -> tuple
         cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"every": cfg.steps})})
     start = time.perf_counter()
     done = finished_summary(run_dir, cfg) is not None and (run_dir / "checkpoints" / "latest.pt").is_file()
+    if not done and (run_dir / "config.json").is_file() and not same_config(run_dir, cfg):
+        raise RuntimeError(
+            f"{run_dir} holds a run of {arm} (seed {seed}) started with another config; continuing it would mix "
+            "two recipes in one run: move it away to train this arm afresh"
+        )
     if not done:
         train(cfg)
     checkpoint = run_dir / "checkpoints" / "latest.pt"
@@ -298,9 +310,13 @@ def _evaluation_arguments(cfg: Any, checkpoint: Path | None, seed: int) -> dict[
 
 
 def evaluation_env_overrides(cfg: Any, env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """An evaluation's env options with the adapter options `env.harness_options` gives its harness (settings
-    of the experiment, the same in every arm's config, so a column is evaluated alike for every arm)."""
-    adapter = cfg.env.options_for(env_id).get("harness_options")
+    """An evaluation's env options with its harness's adapter options: `HARNESS_OPTIONS`, then what the arm's
+    `env.harness_options` says (the experiment's overrides, the same in every arm's config), so a column is
+    evaluated alike for every arm, whether or not the arm trained through that harness."""
+    adapter = {
+        **HARNESS_OPTIONS.get(env_id.rsplit("-", 1)[-1], {}),
+        **cfg.env.options_for(env_id).get("harness_options", {}),
+    }
     return overrides | ({"harness_options": adapter} if adapter else {})
 
 

@@ -23,6 +23,7 @@ from benchmarks.transfer_matrix import (
     SeedResult,
     aggregate,
     arm_overrides,
+    evaluation_env_overrides,
     main,
     mixed_vs_single,
 )
@@ -107,6 +108,36 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         assert cfg.checkpoint.resume == "auto" and not cfg.eval.at_start
         assert cfg.algorithm.name == ("ppo" if arm.endswith("-PPO") else "grpo"), arm
         assert cfg.env.extra_groups == (EXTRA_GROUPS if arm.endswith("-DS") else 0), arm  # dynamic sampling
+        # OpenClaw speaks the chat API where it trains and in its evaluation column, whatever the arm; the configs
+        # of arms without OpenClaw stay as they were (their finished runs and evaluations are reused)
+        assert cfg.env.harness_options == ({"OpenClaw": {"api_style": "openai-chat"}} if "OpenClaw" in arm else {})
+        chat = evaluation_env_overrides(cfg, "PinchBench-OpenClaw", {})["harness_options"]
+        assert chat == {"api_style": "openai-chat"} and evaluation_env_overrides(cfg, "PinchBench-Pi", {}) == {}
+    custom = compose(
+        arm_overrides(
+            "OpenClaw",
+            0,
+            tmp_path / "x",
+            MatrixSettings(overrides=["++env.harness_options.OpenClaw.api_style=openai-responses"]),
+        )
+    )
+    assert custom.env.harness_options == {"OpenClaw": {"api_style": "openai-responses"}}  # the user's override wins
+    custom_eval = evaluation_env_overrides(custom, "ClawGymBench-OpenClaw", {})["harness_options"]
+    assert custom_eval == {"api_style": "openai-responses"}
+
+
+def test_an_unfinished_run_started_with_another_recipe_is_not_continued(tmp_path: Path) -> None:
+    from benchmarks.transfer_matrix import train_arm
+
+    run_dir = tmp_path / "train" / "openclaw-seed0"
+    older = MatrixSettings(overrides=["++env.harness_options.OpenClaw.api_style=openai-responses"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(
+        compose(arm_overrides("OpenClaw", 0, run_dir, older, training=True)).model_dump_json()
+    )
+    with pytest.raises(RuntimeError, match="another config"):
+        train_arm("OpenClaw", 0, tmp_path, MatrixSettings())
+    assert not (run_dir / "checkpoints").exists()  # refused before anything was trained
 
 
 def trained_rows(rows: list[EvidenceRow]) -> list[EvidenceRow]:
