@@ -316,7 +316,7 @@ def main_job_block(results: Path) -> str:
         return f"No stored run yet: `bash scripts/main.sh`, then `{command}`.\n"
     rows = _load(ROWS.removesuffix(".jsonl.gz"), results)
     lines = [
-        "| run (date) | engine | wall | rollouts / updates / evaluations and set-up | peak RSS: main / tree | "
+        "| run (date) | engine; update | wall | rollouts / updates / evaluations and set-up | peak RSS: main / tree | "
         "held-out before → after: gain [95 % interval] | CPU, load |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -334,7 +334,7 @@ def main_job_block(results: Path) -> str:
             held.append(f"{harness} ({shape}) {means}: {_fmt(e)}, {_verdict(e)}")
         options = run.command.removeprefix("bash scripts/main.sh").strip()  # a run with options says which
         lines.append(
-            f"| {run.run} ({run.date}{f'; `{options}`' if options else ''}) | {run.engine} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
+            f"| {run.run} ({run.date}{f'; `{options}`' if options else ''}) | {run.engine}; {run.update} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
             f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s | {run.peak_rss_main_mb / 1024:.1f} / "
             f"{run.peak_rss_tree_mb / 1024:.1f} GB | {'; '.join(held)} | {run.cpu}, load {run.load_start:.1f} → "
             f"{run.load_end:.1f} |"

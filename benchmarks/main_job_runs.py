@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.main_job_runs runs/main-20261205-020440 [RUN ...] --publish docs/results
 
 A run directory of `bash scripts/main.sh` (= `clawgym main`) holds `report.json` (the summary the run printed:
-time per phase, peak RSS, the engine and why, the machine and its load) and one evidence row per rollout
+time per phase, peak RSS, the engine and the update's precision and why, the machine and its load) and one evidence row per rollout
 (`eval_rollouts.jsonl`: the held-out evaluations before and after; `rollouts.jsonl`: training). Publishing
 adds the run's report to `DIR/main_job_runs.jsonl` (a run published again replaces its line) and merges its
 rows into `DIR/main_job.jsonl.gz` (each run's rows carry its directory's name as `experiment`).
@@ -38,6 +38,7 @@ class MainJobRun(BaseModel):
     load_end: float
     engine: str  # kind, dtype
     engine_reason: str
+    update: str = "float32"  # the update's precision (runs before the choice was recorded updated in float32)
     commit: str
     steps: int
     wall_s: float
@@ -70,6 +71,7 @@ def read_run(run_dir: Path, command: str) -> tuple[MainJobRun, list[EvidenceRow]
         load_end=machine["load_end"],
         engine=f"{engine['kind']}, {engine['dtype']}",
         engine_reason=engine["reason"],
+        update=(report.get("update") or {}).get("autocast") or "float32",
         commit=",".join(commits) or "unknown",
         steps=report["steps"],
         wall_s=time_s["total"],

@@ -1,4 +1,5 @@
-"""Which inference engine the main job runs its rollouts on, chosen from what this machine supports.
+"""Which inference engine the main job runs its rollouts on, and in which precision it updates, chosen from
+what this machine supports.
 
 The fastest engine for a 0.5B policy on a CPU depends on the CPU. With AVX-512, vLLM runs the float32
 checkpoint in bfloat16 through oneDNN and decodes ~2.4x faster than the transformers engine (docs/engines.md,
@@ -7,6 +8,14 @@ create oneDNN linear") and the main job's rollouts were slower on vLLM than on t
 (issue #33's runs on an AMD EPYC), so there the transformers engine runs, in float32 like the trainer. A GPU
 gets vLLM with its own dtype choice. A user's `engine=...` override always wins; the run's summary says what
 was picked and why (`report.json`, "engine").
+
+The main job's update (the trainer's forward and backward) runs under bfloat16 autocast on a CPU with AMX,
+where it was faster than in float32 (`benchmarks.autocast_bench`) and, over 3 seeds, the main job's recipe
+learned with no difference from float32 detectable (`benchmarks.async_training --bf16`, the generated table in
+docs/trainers.md); elsewhere in
+float32 (without AMX bfloat16 was not measured faster; a GPU run keeps the config's choice). A user's
+`optim.autocast=...` wins. The experiments' recipes (`benchmarks.transfer_matrix`) stay in float32, as their
+stored arms trained.
 """
 
 from __future__ import annotations
@@ -90,3 +99,30 @@ def choose_engine(
         "slower than the transformers engine's on such a CPU (docs/engines.md)",
         **facts,
     )
+
+
+class UpdateChoice(BaseModel):
+    """The trainer's update precision (`optim.autocast`) picked for this machine, and why."""
+
+    autocast: str | None  # "bfloat16" or None (float32 throughout)
+    reason: str
+
+    def overrides(self) -> list[str]:
+        return [f"optim.autocast={self.autocast or 'null'}"]
+
+
+def choose_update(cpuinfo: str | None = None, *, gpu: bool | None = None) -> UpdateChoice:
+    """The main job's update precision for this machine (arguments override what is detected, for tests)."""
+    if gpu is None:
+        import torch
+
+        gpu = bool(torch.cuda.is_available())
+    if gpu:
+        return UpdateChoice(autocast=None, reason="a GPU: the config's precision")
+    if "amx_bf16" in cpu_facts(cpuinfo)[1]:
+        return UpdateChoice(
+            autocast="bfloat16",
+            reason="AMX: updates under bfloat16 autocast were faster, with no difference in learning detectable "
+            "(docs/trainers.md)",
+        )
+    return UpdateChoice(autocast=None, reason="no AMX: float32 (bfloat16 autocast not measured faster here)")

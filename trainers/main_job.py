@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainers.engine_choice import EngineChoice, choose_engine, cpu_summary
+from trainers.engine_choice import EngineChoice, UpdateChoice, choose_engine, choose_update, cpu_summary
 from trainers.process_memory import TreeSampler, main_process_peak_mb, phase_of_peak
 
 # The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
@@ -103,16 +103,31 @@ def pick_engine(quick: bool, extra: list[str]) -> tuple[EngineChoice, list[str]]
     return choice, choice.overrides()
 
 
+def pick_update(quick: bool, extra: list[str]) -> tuple[UpdateChoice, list[str]]:
+    """The update's precision and its overrides: the user's `optim.autocast=...` wins, the quick check keeps
+    float32, otherwise the machine decides (trainers.engine_choice)."""
+    given = next((o.split("=", 1)[1] for o in extra if o.startswith(("optim.autocast=", "+optim.autocast="))), None)
+    if given is not None:
+        return UpdateChoice(autocast=None if given == "null" else given, reason="given on the command line"), []
+    if quick:
+        return UpdateChoice(autocast=None, reason="--quick: the tiny model's plumbing check"), []
+    choice = choose_update()
+    return choice, choice.overrides()
+
+
 def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any]:
     """Train with the preset, then print and return the report."""
     from trainers.loop import train
     from trainers.main import compose
 
     console = console or Console()
-    engine, engine_overrides = pick_engine(bool(kwargs.get("quick")), list(kwargs.get("extra") or []))
-    kwargs["extra"] = engine_overrides + list(kwargs.get("extra") or [])
+    extra = list(kwargs.get("extra") or [])
+    engine, engine_overrides = pick_engine(bool(kwargs.get("quick")), extra)
+    update, update_overrides = pick_update(bool(kwargs.get("quick")), extra)
+    kwargs["extra"] = engine_overrides + update_overrides + extra
     cfg = compose(main_job_overrides(**kwargs))
     console.print(f"engine: {engine.kind} ({engine.dtype}): {engine.reason}")
+    console.print(f"update: {update.autocast or 'float32'}: {update.reason}")
     console.print(
         f"[bold]ClawGym main job[/bold]: {cfg.algorithm.name.upper()} on {', '.join(cfg.env.ids)} with "
         f"{cfg.model.name}, {cfg.steps} steps × {cfg.env.tasks_per_step} task(s) × {cfg.env.group_size} rollouts; "
@@ -130,6 +145,7 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
         "main_process_reached_by": phase_of_peak(rows),
     }
     report["engine"] = engine.model_dump()
+    report["update"] = update.model_dump()
     # where the figures came from: machines of this kind differ in speed and CPU features
     report["machine"] = {
         "cpu": cpu_summary(),
@@ -248,6 +264,9 @@ def render_report(report: dict[str, Any]) -> Table:
     if report.get("engine"):
         e = report["engine"]
         table.add_row("engine (why)", f"{e['kind']}, {e['dtype']} ({e['reason']})")
+    if report.get("update"):
+        u = report["update"]
+        table.add_row("update precision (why)", f"{u['autocast'] or 'float32'} ({u['reason']})")
     for phase, seconds in report["time_s"].items():
         table.add_row(f"time: {phase.replace('_', ' ')}", f"{seconds:.0f} s")
     sync = report["weight_sync"]

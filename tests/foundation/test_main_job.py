@@ -54,6 +54,8 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert len(peaks) == 4 and peaks == sorted(peaks) and all(r["memory/rss_mb"] > 100 for r in logged)
     assert "weight sync to the engine" in stdout and "peak RSS" in stdout
     assert report["engine"]["kind"] == "transformers" and "--quick" in report["engine"]["reason"]
+    assert report["update"] == {"autocast": None, "reason": "--quick: the tiny model's plumbing check"}
+    assert "update precision (why)" in stdout
     assert "cores)" in report["machine"]["cpu"] and report["machine"]["load_end"] >= 0  # where figures came from
 
     # publishing the run stores its report and rollouts; the README's block is recomputed from them
@@ -64,7 +66,7 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     before = [r.reward for r in rows if r.phase == "before"]
     assert run.held_out["Pi"]["before"] == pytest.approx(sum(before) / len(before))  # the report is its rows
     block = main_job_block(results)
-    assert block.startswith("| run (date) |") and f"| main ({run.date}) | transformers, float32 |" in block
+    assert block.startswith("| run (date) |") and f"| main ({run.date}) | transformers, float32; float32 |" in block
     main_job_runs.main([str(run_dir), "--publish", str(results)])  # published again: replaced, not doubled
     assert len(main_job_runs.read_runs(results / main_job_runs.RUNS)) == 1
     assert read_rows(results / main_job_runs.ROWS) == rows
@@ -141,3 +143,20 @@ def test_the_engine_follows_the_cpu_and_a_users_choice_wins(tmp_path):
     assert quick.kind == "transformers" and extra == []
     here, extra = pick_engine(False, [])  # this machine: whatever it has, the choice composes
     assert compose(main_job_overrides(run_dir=tmp_path, extra=extra)).engine.kind == here.kind
+
+
+def test_the_update_precision_follows_the_cpu_and_a_users_choice_wins(tmp_path):
+    from trainers.engine_choice import choose_update
+    from trainers.main_job import pick_update
+
+    amx = choose_update(AVX512.replace("amx_tile", "amx_tile amx_bf16"), gpu=False)
+    assert amx.autocast == "bfloat16" and "AMX" in amx.reason
+    assert compose(main_job_overrides(run_dir=tmp_path, extra=amx.overrides())).optim.autocast == "bfloat16"
+    for plain in (choose_update(AVX2, gpu=False), choose_update(AVX512, gpu=False), choose_update(AVX2, gpu=True)):
+        assert plain.autocast is None
+        assert compose(main_job_overrides(run_dir=tmp_path, extra=plain.overrides())).optim.autocast is None
+    given, extra = pick_update(False, ["optim.autocast=null"])
+    assert (given.autocast, given.reason, extra) == (None, "given on the command line", [])
+    assert pick_update(True, [])[0].autocast is None
+    here, extra = pick_update(False, [])  # this machine: whatever it has, the choice composes
+    assert compose(main_job_overrides(run_dir=tmp_path, extra=extra)).optim.autocast == here.autocast
