@@ -11,11 +11,10 @@ was picked and why (`report.json`, "engine").
 
 The main job's update (the trainer's forward and backward) runs under bfloat16 autocast on a CPU with AMX,
 where it was faster than in float32 (`benchmarks.autocast_bench`) and, over 3 seeds, the main job's recipe
-learned with no difference from float32 detectable (`benchmarks.async_training --bf16`, the generated table in
-docs/trainers.md); elsewhere in
-float32 (without AMX bfloat16 was not measured faster; a GPU run keeps the config's choice). A user's
-`optim.autocast=...` wins. The experiments' recipes (`benchmarks.transfer_matrix`) stay in float32, as their
-stored arms trained.
+learned with no difference from float32 detectable (`benchmarks.async_training --bf16`, the generated table
+in docs/trainers.md); elsewhere in float32 (without AMX bfloat16 was not measured faster; a GPU run keeps the
+config's choice). A user's `optim.autocast=...` wins. The experiments' recipes (`benchmarks.transfer_matrix`)
+stay in float32, as their stored arms trained.
 """
 
 from __future__ import annotations
