@@ -34,19 +34,39 @@ def _digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def task_digest(tasks: Sequence[TaskSpec]) -> str:
-    """What the policy is asked and what it is judged on: ids, instructions, workspaces, limits, metadata."""
+REPO = Path(__file__).resolve().parents[1]
+
+
+def portable(value: Any, root: Path = REPO) -> Any:
+    """`value` with the checkout's own path written as "<repo>": a suite materialized under `<checkout>/.cache`
+    names its files by absolute path, and the same tasks read from another checkout (a git worktree, a moved
+    clone) are the same measurement."""
+    if isinstance(value, str):  # its cache folder may be a link to another checkout's (a worktree's .cache)
+        return value.replace(str((root / ".cache").resolve()), "<repo>/.cache").replace(str(root), "<repo>")
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v, root) for v in value]
+    return value
+
+
+def task_digest(tasks: Sequence[TaskSpec], root: Path = REPO) -> str:
+    """What the policy is asked and what it is judged on: ids, instructions, workspaces, limits, metadata
+    (paths inside the checkout relative to it, `portable`)."""
     return _digest(
         [
-            {
-                "id": t.id,
-                "instruction": t.instruction,
-                "workspace": t.workspace.model_dump(mode="json"),
-                "mount": t.mount_path,
-                "timeout_s": t.timeout_s,
-                "metadata": t.metadata,
-                "verifier": repr(t.verifier),
-            }
+            portable(
+                {
+                    "id": t.id,
+                    "instruction": t.instruction,
+                    "workspace": t.workspace.model_dump(mode="json"),
+                    "mount": t.mount_path,
+                    "timeout_s": t.timeout_s,
+                    "metadata": t.metadata,
+                    "verifier": repr(t.verifier),
+                },
+                root,
+            )
             for t in tasks
         ]
     )

@@ -89,6 +89,25 @@ def test_the_task_digest_follows_the_instruction(tmp_path: Path) -> None:
     assert a.envs[0].tasks != b.envs[0].tasks
 
 
+def test_the_same_tasks_read_from_another_checkout_have_the_same_digest(tmp_path: Path) -> None:
+    """A suite materialized under a checkout's .cache names its files by absolute path; a git worktree or a
+    moved clone reads the same tasks under another path, and must hit the same cache entries."""
+    from evaluation.cache import REPO, task_digest
+
+    env = clawgym_env.make("ClawGymBench-WhiteBox", split="test")
+    tasks = select_tasks(env, level=0, count=2)
+    assert all(str(REPO) in t.metadata["source"] for t in tasks)  # what made the digest depend on the checkout
+    elsewhere = tmp_path / "worktree"
+    moved = [
+        t.model_copy(
+            update={"metadata": {**t.metadata, "source": t.metadata["source"].replace(str(REPO), str(elsewhere))}}
+        )
+        for t in tasks
+    ]
+    assert task_digest(moved, root=elsewhere) == task_digest(tasks)
+    assert task_digest(moved) != task_digest(tasks)  # outside the checkout a path is still part of the task
+
+
 def test_real_tiny_evaluation_is_measured_once_then_read_back(tmp_path: Path) -> None:
     from clawgym_env.policies import make_policy
 
