@@ -95,17 +95,22 @@ def test_the_same_tasks_read_from_another_checkout_have_the_same_digest(tmp_path
     from evaluation.cache import REPO, task_digest
 
     env = clawgym_env.make("ClawGymBench-WhiteBox", split="test")
-    tasks = select_tasks(env, level=0, count=2)
-    assert all(str(REPO) in t.metadata["source"] for t in tasks)  # what made the digest depend on the checkout
+
+    def under(root: Path) -> list:  # the same two tasks, materialized under `root`'s .cache
+        suite = root / ".cache" / "suites" / "clawgymbench-test-0123"
+        return [
+            t.model_copy(
+                update={
+                    "metadata": {**t.metadata, "source": str(suite / t.id)},
+                    "workspace": t.workspace.model_copy(update={"directory": suite / t.id / "workspace"}),
+                }
+            )
+            for t in select_tasks(env, level=0, count=2)
+        ]
+
     elsewhere = tmp_path / "worktree"
-    moved = [
-        t.model_copy(
-            update={"metadata": {**t.metadata, "source": t.metadata["source"].replace(str(REPO), str(elsewhere))}}
-        )
-        for t in tasks
-    ]
-    assert task_digest(moved, root=elsewhere) == task_digest(tasks)
-    assert task_digest(moved) != task_digest(tasks)  # outside the checkout a path is still part of the task
+    assert task_digest(under(elsewhere), root=elsewhere) == task_digest(under(REPO))
+    assert task_digest(under(elsewhere)) != task_digest(under(REPO))  # outside the checkout a path is the task's
 
 
 def test_real_tiny_evaluation_is_measured_once_then_read_back(tmp_path: Path) -> None:
