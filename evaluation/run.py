@@ -165,12 +165,9 @@ def evaluate(
         key = None
         if cache is not None and policy_key is not None:
             key = _cache_key(envs, env_tasks, policy_key, repeats, seed, temperature, success_threshold, failed_as_zero)
-            stored = cache.get(key)
-            if stored is not None:
-                report = EvalReport.model_validate(stored)
-                report.cached_from = str(cache.path(key))
-                report.evaluation = key.digest()
-                return report
+            cached = _read_back(cache, key)
+            if cached is not None:
+                return cached
         # Start the shared proxy once, before the rollouts race to start it (Runtime.proxy is not locked).
         runtime.run(runtime.proxy())
         rows = _run_with_progress(runtime, jobs, policy, concurrency, success_threshold, progress)
@@ -247,6 +244,11 @@ def cached_evaluation(
     envs = [clawgym_env.make(env_id, **overrides) for env_id in env_ids]
     tasks = [select_tasks(env, level=level, count=count, seed=seed) for env in envs]
     key = _cache_key(envs, tasks, policy_key, repeats, seed, temperature, success_threshold, failed_as_zero)
+    return _read_back(cache, key)
+
+
+def _read_back(cache: EvalCache, key: EvalKey) -> EvalReport | None:
+    """The report stored under `key`, saying where it was read from and which measurement it is; or None."""
     stored = cache.get(key)
     if stored is None:
         return None
