@@ -41,21 +41,29 @@ def portable(value: Any, root: Path = REPO) -> Any:
     """`value` with the checkout's own path written as "<repo>": a suite materialized under `<checkout>/.cache`
     names its files by absolute path, and the same tasks read from another checkout (a git worktree, a moved
     clone) are the same measurement."""
-    if isinstance(value, str):  # its cache folder may be a link to another checkout's (a worktree's .cache)
-        return value.replace(str((root / ".cache").resolve()), "<repo>/.cache").replace(str(root), "<repo>")
-    if isinstance(value, dict):
-        return {k: portable(v, root) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [portable(v, root) for v in value]
-    return value
+    # its cache folder may be a link to another checkout's (a worktree's .cache): resolved once, not per string
+    prefixes = ((str((root / ".cache").resolve()), "<repo>/.cache"), (str(root), "<repo>"))
+
+    def rewrite(v: Any) -> Any:
+        if isinstance(v, str):
+            for prefix, name in prefixes:
+                v = v.replace(prefix, name)
+            return v
+        if isinstance(v, dict):
+            return {k: rewrite(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [rewrite(x) for x in v]
+        return v
+
+    return rewrite(value)
 
 
 def task_digest(tasks: Sequence[TaskSpec], root: Path = REPO) -> str:
     """What the policy is asked and what it is judged on: ids, instructions, workspaces, limits, metadata
     (paths inside the checkout relative to it, `portable`)."""
     return _digest(
-        [
-            portable(
+        portable(
+            [
                 {
                     "id": t.id,
                     "instruction": t.instruction,
@@ -64,11 +72,11 @@ def task_digest(tasks: Sequence[TaskSpec], root: Path = REPO) -> str:
                     "timeout_s": t.timeout_s,
                     "metadata": t.metadata,
                     "verifier": repr(t.verifier),
-                },
-                root,
-            )
-            for t in tasks
-        ]
+                }
+                for t in tasks
+            ],
+            root,
+        )
     )
 
 
