@@ -133,6 +133,7 @@ def run_load(
 
     async def drive() -> None:
         nonlocal calls, rss_after_first_wave, rollouts_at_first_wave
+        held["loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]  # asyncio or uvloop
         if keep_closed is not None:
             (await env.runtime.proxy()).keep_closed = keep_closed
         in_flight: set[asyncio.Task[Any]] = set()
@@ -182,6 +183,7 @@ def run_load(
     growth_kb = (rss_end - rss_after_first_wave) * 1024 / later if rss_after_first_wave and later else float("nan")
     report = {
         "harness": harness,
+        "loop": held.get("loop"),
         "concurrency": concurrency,
         "duration_s": round(elapsed, 1),
         "rollouts": rollouts,

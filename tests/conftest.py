@@ -1,4 +1,6 @@
-"""Settings for every test: the slow tier's time limit."""
+"""Settings for every test: the slow tier's time limit, and the event loop policy each test starts with."""
+
+import asyncio
 
 import pytest
 
@@ -12,3 +14,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+@pytest.fixture(autouse=True)
+def default_event_loop_policy():
+    """Put back the event loop policy a test found: a benchmark's main may install uvloop for its process
+    (`benchmarks.proxy_load.use_uvloop`), and every later test would then run on uvloop without saying so.
+    Tests that need uvloop name it (tests/sandbox/test_pipes.py, tests/reliability/test_load.py)."""
+    policy = asyncio.get_event_loop_policy()
+    yield
+    asyncio.set_event_loop_policy(policy)

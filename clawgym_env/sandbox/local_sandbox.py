@@ -54,6 +54,7 @@ from clawgym_env.sandbox.host_files import (
 )
 from clawgym_env.sandbox.host_setup import SandboxError
 from clawgym_env.sandbox.init_protocol import exec_request, kill_request, parse_reply
+from clawgym_env.sandbox.pipes import drain, feed, finish_pipes
 
 if TYPE_CHECKING:
     from clawgym_env.sandbox.local_backend import LocalSandboxBackend
@@ -243,7 +244,7 @@ class LocalSandbox:
         if self._stderr_reader is not None:  # the previous start's bwrap is gone (a restart)
             self._stderr_reader.cancel()
         self._stderr = OutputCap(STDERR_KEPT_BYTES)
-        self._stderr_reader = asyncio.create_task(_drain(stderr_read, self._stderr))
+        self._stderr_reader = asyncio.create_task(drain(stderr_read, self._stderr))
         self._write_state()
         host_end.setblocking(False)
         loop = asyncio.get_running_loop()
@@ -405,14 +406,11 @@ class LocalSandbox:
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[request_id] = future
 
+        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+        forks_before = self._cgroup.fork_refusals() if self._cgroup else 0
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         in_read, in_write = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
-        cap = max_output or self.limits.max_output_bytes
-        out_buf, err_buf = OutputCap(cap), OutputCap(cap)
-        readers = [asyncio.create_task(_drain(out_read, out_buf)), asyncio.create_task(_drain(err_read, err_buf))]
-        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
-        forks_before = self._cgroup.fork_refusals() if self._cgroup else 0
         started = time.monotonic()
         try:
             assert self._control is not None
@@ -422,14 +420,18 @@ class LocalSandbox:
             )
         except OSError as exc:
             self._pending.pop(request_id, None)
-            for task in readers:
-                task.cancel()
+            for fd in (out_read, err_read, in_write):
+                if fd is not None:
+                    os.close(fd)
             raise SandboxError(f"sandbox {self.id} is not running ({exc})") from exc
         finally:
             for fd in (in_read, out_write, err_write):
                 os.close(fd)
+        cap = max_output or self.limits.max_output_bytes
+        out_buf, err_buf = OutputCap(cap), OutputCap(cap)
+        pipes = [asyncio.create_task(drain(out_read, out_buf)), asyncio.create_task(drain(err_read, err_buf))]
         if in_write is not None:
-            await _feed(in_write, stdin or b"")
+            pipes.append(asyncio.create_task(feed(in_write, stdin or b"")))  # in the background: never blocks us
 
         reason: str | None = None
         # where the kernel enforces the quota (a sized tmpfs) there is nothing to poll
@@ -451,7 +453,7 @@ class LocalSandbox:
             watcher.cancel()
         if disk_full:
             reason = reason or "disk"
-        await _finish_readers(readers, OUTPUT_GRACE_S)
+        await finish_pipes(pipes, OUTPUT_GRACE_S)
         duration = time.monotonic() - started
 
         if message["op"] == "error":
@@ -704,45 +706,3 @@ class _Output(NamedTuple):
     @property
     def text(self) -> str:
         return self.data.decode(errors="replace")
-
-
-class _PipeReader(asyncio.Protocol):
-    """Feeds everything a pipe delivers to an OutputCap, never pausing: the writer never blocks on us."""
-
-    def __init__(self, buffer: OutputCap, done: asyncio.Future[None]) -> None:
-        self.buffer = buffer
-        self.done = done
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer.add(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-
-async def _drain(fd: int, buffer: OutputCap) -> None:
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    transport, _ = await loop.connect_read_pipe(lambda: _PipeReader(buffer, done), os.fdopen(fd, "rb", 0))
-    try:
-        await done
-    finally:
-        transport.close()
-
-
-async def _feed(fd: int, data: bytes) -> None:
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd, "wb", 0))
-    transport.write(data)
-    transport.close()  # flushes in the background, then closes: the command sees EOF
-
-
-async def _finish_readers(readers: list[asyncio.Task[None]], grace_s: float) -> None:
-    _, pending = await asyncio.wait(readers, timeout=grace_s)
-    for task in pending:  # a background process still holds the pipe: keep what came so far
-        task.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)

@@ -6,16 +6,23 @@ The default tier runs one wave of 64 (a few seconds); the slow tier keeps 64 in 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import uvloop
 
 from benchmarks.load_test import run_load
 from clawgym_env.runtime import FailureCounter
 
 
-def test_64_concurrent_rollouts_once(tmp_path):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_64_concurrent_rollouts_once(tmp_path, loop):
+    if loop == "uvloop":  # a process that installed it (uvicorn does): its pipes once closed other rollouts' files
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # put back by tests/conftest.py
     report = run_load(concurrency=64, duration_s=120, max_rollouts=64, work_dir=tmp_path, keep_closed=16)
     outcome = (report["rollouts"], report["ok"], report["errors"], report["failures"])
     assert outcome == (64, 64, 0, {}), f"failures by stage and reason: {report['failures']}"  # the whole reason
+    assert report["loop"] == loop
     assert report["calls"] == 128  # every rollout: the write tool call and the final answer
     assert report["leaked_sandbox_dirs"] == 0 and report["leaked_sandbox_processes"] == 0
     # what stays once all 64 are done (docs/reliability.md): no open route, closed stats only up to the bound, no task
