@@ -128,6 +128,7 @@ def arm_summaries(rows: list[EvidenceRow], timings: list[StepTiming]) -> list[di
     """Per arm: seconds per step, busy shares, push bytes and seconds, checkpoint bytes, gain and difference."""
     arms = sorted({t.arm for t in timings}, key=lambda a: ("+" in a, a))
     harness = next(r.eval_harness for r in rows if r.phase == "after")
+    synchronous = "staleness-0" in arms  # a run of other arms alone is compared in the published table
     out = []
     for arm in arms:
         ts = [t for t in timings if t.arm == arm]
@@ -148,7 +149,9 @@ def arm_summaries(rows: list[EvidenceRow], timings: list[StepTiming]) -> list[di
                 "push_s": float(np.mean([t.weight_sync_s for t in ts])),
                 "checkpoint_mb": float(np.mean(ckpt)) / 1e6 if ckpt else None,
                 "gain": gain(rows, arm, harness),
-                "versus_sync": None if arm == "staleness-0" else difference(rows, arm, "staleness-0", harness),
+                "versus_sync": difference(rows, arm, "staleness-0", harness)
+                if synchronous and arm != "staleness-0"
+                else None,
                 "cpu": ts[0].cpu,
             }
         )
