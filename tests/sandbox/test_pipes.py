@@ -99,11 +99,8 @@ def test_a_pipe_held_open_is_cancelled_after_the_grace_and_closed(new_loop):
 
 
 def run(new_loop, coro):
-    loop = new_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(coro)
 
 
 CLOSES = """
