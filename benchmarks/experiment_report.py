@@ -18,11 +18,15 @@ import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from evaluation.evidence import UNTRAINED, EvidenceRow, degenerate_groups, read_rows
 from evaluation.gains import Estimate, difference, gain
+
+if TYPE_CHECKING:
+    from benchmarks.main_job_runs import MainJobRun
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -306,6 +310,13 @@ def readme_table_block(results: Path) -> str:
     return table(read_stored(results / FILE))
 
 
+def _split(run: MainJobRun) -> str:
+    """A run's evaluations and set-up, split where its report measured the parts (older reports did not)."""
+    if run.setup_s is None or run.evaluations_s is None:
+        return ""
+    return f" (set-up {run.setup_s:.0f}, evaluations {run.evaluations_s:.0f})"
+
+
 def main_job_block(results: Path) -> str:
     """The README's main-job runs: what each run reported, and its held-out gain from its stored rollouts."""
     from benchmarks.main_job_runs import ROWS, RUNS, read_runs
@@ -335,7 +346,7 @@ def main_job_block(results: Path) -> str:
         options = run.command.removeprefix("bash scripts/main.sh").strip()  # a run with options says which
         lines.append(
             f"| {run.run} ({run.date}{f'; `{options}`' if options else ''}) | {run.engine}; {run.update} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
-            f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s | {run.peak_rss_main_mb / 1024:.1f} / "
+            f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s{_split(run)} | {run.peak_rss_main_mb / 1024:.1f} / "
             f"{run.peak_rss_tree_mb / 1024:.1f} GB | {'; '.join(held)} | {run.cpu}, load {run.load_start:.1f} → "
             f"{run.load_end:.1f} |"
         )

@@ -45,6 +45,8 @@ class MainJobRun(BaseModel):
     rollouts_s: float
     updates_s: float
     evaluation_and_setup_s: float
+    setup_s: float | None = None  # of evaluation_and_setup_s (runs before reports split it: None)
+    evaluations_s: float | None = None
     peak_rss_main_mb: float
     peak_rss_tree_mb: float
     held_out: dict[str, dict[str, float | None]]  # harness -> before / after
@@ -78,6 +80,8 @@ def read_run(run_dir: Path, command: str) -> tuple[MainJobRun, list[EvidenceRow]
         rollouts_s=time_s["rollouts"],
         updates_s=time_s["updates"],
         evaluation_and_setup_s=time_s["evaluation_and_setup"],
+        setup_s=time_s.get("setup"),
+        evaluations_s=time_s.get("evaluations"),
         peak_rss_main_mb=rss["main_process"],
         peak_rss_tree_mb=rss["process_tree"],
         held_out=report["held_out"],

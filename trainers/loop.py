@@ -369,9 +369,13 @@ class Run:
     def evaluate(self, label: str) -> dict[str, float]:
         """Held-out reward per harness (rank 0 runs it, every rank gets it), logged under `label`. The start
         evaluation of an untrained policy is read from eval.cache_dir when an equal one was measured before."""
+        started = time.perf_counter()
         metrics = self._measure(label) if self.main_rank else {}
         metrics = D.broadcast_object(metrics)
-        self.logger.log({**metrics, **memory_metrics(), "label": label}, self.trainer.step, kind="eval")
+        eval_s = time.perf_counter() - started
+        self.logger.log(
+            {**metrics, **memory_metrics(), "eval_s": eval_s, "label": label}, self.trainer.step, kind="eval"
+        )
         if self.main_rank:
             console.print(
                 f"[bold]eval ({label}, step {self.trainer.step})[/bold] "
@@ -442,6 +446,7 @@ def start_run(cfg: TrainConfig) -> Run:
     run_dir.mkdir(parents=True, exist_ok=True)
     if main_rank:
         (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    started = time.perf_counter()
     model, tokenizer, critic, ref_model = build_models(cfg)
     algorithm = ALGORITHMS[cfg.algorithm.name](cfg.algorithm)  # type: ignore[arg-type]
     rollout_side = build_rollout_side(cfg, model, tokenizer, run_dir) if main_rank else {}
@@ -463,6 +468,7 @@ def start_run(cfg: TrainConfig) -> Run:
         "algorithm": algorithm.name,
         "env_ids": cfg.env.ids,
         "max_staleness": cfg.trainer.max_staleness,
+        "setup_s": time.perf_counter() - started,  # models, engine, proxy, envs and tasks: what a run pays first
         "stages": {},
     }
     return Run(cfg, run_dir, main_rank, trainer, tokenizer, logger, summary, samplers=samplers, **rollout_side)

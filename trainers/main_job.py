@@ -209,9 +209,13 @@ def build_report(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, A
         "plot": str(run_dir / "metrics.png"),
         "failures": summary.get("failures") or {},
     }
-    report["time_s"]["evaluation_and_setup"] = max(
-        0.0, wall_s - report["time_s"]["rollouts"] - report["time_s"]["updates"]
-    )
+    time_s = report["time_s"]
+    time_s["evaluation_and_setup"] = max(0.0, wall_s - time_s["rollouts"] - time_s["updates"])
+    # where that goes: the engine, models and envs built first; the held-out evaluations; the rest (checkpoints,
+    # the plot, closing the engine and the sandboxes)
+    time_s["setup"] = float(summary.get("setup_s") or 0.0)
+    time_s["evaluations"] = float(sum(r.get("eval_s", 0.0) or 0.0 for r in rows if r.get("kind") == "eval"))
+    time_s["other"] = max(0.0, time_s["evaluation_and_setup"] - time_s["setup"] - time_s["evaluations"])
     step_s = report["time_s"]["rollouts"] + report["time_s"]["updates"]
     sync_s = total("weight_sync_s")  # inside the updates' time
     report["weight_sync"] = {"seconds": sync_s, "share_of_step_time": sync_s / step_s if step_s else None}

@@ -57,6 +57,12 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert report["update"] == {"autocast": None, "reason": "--quick: the tiny model's plumbing check"}
     assert "update precision (why)" in stdout
     assert "cores)" in report["machine"]["cpu"] and report["machine"]["load_end"] >= 0  # where figures came from
+    t = report["time_s"]  # evaluations and set-up, split into what the run measured
+    evals = [r["eval_s"] for r in logged if r["kind"] == "eval"]
+    assert len(evals) == 2 and all(s > 0 for s in evals) and t["evaluations"] == pytest.approx(sum(evals))
+    assert 0 < t["setup"] < t["total"] and t["other"] >= 0
+    assert t["setup"] + t["evaluations"] + t["other"] == pytest.approx(t["evaluation_and_setup"])
+    assert "time: setup" in stdout and "time: evaluations" in stdout
 
     # publishing the run stores its report and rollouts; the README's block is recomputed from them
     results = tmp_path / "results"
@@ -67,6 +73,7 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     assert run.held_out["Pi"]["before"] == pytest.approx(sum(before) / len(before))  # the report is its rows
     block = main_job_block(results)
     assert block.startswith("| run (date) |") and f"| main ({run.date}) | transformers, float32; float32 |" in block
+    assert f"s (set-up {run.setup_s:.0f}, evaluations {run.evaluations_s:.0f}) |" in block
     main_job_runs.main([str(run_dir), "--publish", str(results)])  # published again: replaced, not doubled
     assert len(main_job_runs.read_runs(results / main_job_runs.RUNS)) == 1
     assert read_rows(results / main_job_runs.ROWS) == rows
@@ -160,3 +167,23 @@ def test_the_update_precision_follows_the_cpu_and_a_users_choice_wins(tmp_path):
     assert pick_update(True, [])[0].autocast is None
     here, extra = pick_update(False, [])  # this machine: whatever it has, the choice composes
     assert compose(main_job_overrides(run_dir=tmp_path, extra=extra)).optim.autocast == here.autocast
+
+
+def test_eval_concurrency_benchmark_times_the_main_jobs_own_evaluation(tmp_path):
+    """`benchmarks.eval_concurrency --quick`: the main job's held-out evaluation (real pi rollouts on the tiny
+    model) at two concurrencies, alternating; each evaluation runs every held-out rollout once."""
+    from benchmarks.eval_concurrency import main as eval_concurrency
+
+    summary = eval_concurrency(["--quick", "--concurrency", "1", "2", "--rounds", "1", "--out", str(tmp_path)])
+    assert [s["concurrency"] for s in summary] == [1, 2] and all(s["evaluations"] == 1 for s in summary)
+    assert summary[0]["speedup"] == 1.0 and summary[1]["speedup"] > 0
+    assert all(s["median_s"] > 0 and 0 <= s["reward"] <= 1 and s["rollouts_per_s"] > 0 for s in summary)
+    calls = (tmp_path / "rollouts" / "calls.jsonl").read_text().count('"rollout_id"')
+    assert calls >= 2 * 4  # 2 evaluations x (2 tasks x 2 repeats), each rollout at least one model call
+
+
+def test_eval_concurrency_benchmark_refuses_bad_input():
+    from benchmarks.eval_concurrency import main as eval_concurrency
+
+    with pytest.raises(SystemExit):
+        eval_concurrency(["--concurrency", "0"])

@@ -1,0 +1,144 @@
+"""The main job's held-out evaluation at different concurrencies, side by side in one run.
+
+    .venv/bin/python -m benchmarks.eval_concurrency                       # 4 vs 8 rollouts at once, A B A B
+    .venv/bin/python -m benchmarks.eval_concurrency --concurrency 4 8 16 --rounds 1
+    .venv/bin/python -m benchmarks.eval_concurrency --quick               # tiny model, 2 tasks (plumbing)
+
+The main job spends as long in its two held-out evaluations as in its six training steps' rollouts, yet
+evaluates fewer rollouts at once than it trains with: `evaluation.default_concurrency()` allows two per
+core (4 here) while a training step runs `env.max_concurrency` (8). This runs the main job's own evaluation
+(`trainers.loop.held_out_reward` on its config: engine, tasks, harness, limits, temperature) with the
+untrained policy at each concurrency, the concurrencies alternating for `--rounds`, and prints the median
+seconds per evaluation, rollouts per second and the ratio against the first concurrency. Rewards are printed
+too: a concurrency that starves rollouts into timeouts would score lower, and faster would not be better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.headline import emit
+from trainers.engine_choice import cpu_summary
+
+
+def measure(
+    concurrencies: list[int], rounds: int, out: Path, *, quick: bool = False, extra: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One evaluation per concurrency per round, alternating; a row per evaluation (seconds, reward, load)."""
+    from clawgym_env.chat import ChatMLRenderer
+    from clawgym_env.interfaces import ClosableEngine, Policy
+    from clawgym_env.runtime import Runtime
+    from trainers.loop import build_engine, build_envs, held_out_reward, load_tasks
+    from trainers.main import compose
+    from trainers.main_job import main_job_overrides, pick_engine
+    from trainers.model import load_model
+
+    engine_choice, engine_overrides = pick_engine(quick, list(extra or []))
+    cfg = compose(main_job_overrides(quick=quick, run_dir=out, extra=engine_overrides + list(extra or [])))
+    model, tokenizer = load_model(cfg.model.name, seed=cfg.model.seed)
+    engine = build_engine(cfg, model, tokenizer)
+    del model
+    policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name)
+    runtime = Runtime(out / "rollouts")
+    rows: list[dict[str, Any]] = []
+    try:
+        envs = build_envs(cfg, runtime, cfg.env.eval_split, evaluation=True)
+        tasks = [load_tasks(e, cfg, cfg.env.eval_tasks) for e in envs]
+        for round_ in range(rounds):
+            for concurrency in concurrencies:
+                load = os.getloadavg()[0]
+                started = time.perf_counter()
+                metrics, outcomes = held_out_reward(envs, tasks, policy, cfg.eval.repeats, concurrency)
+                rows.append(
+                    {
+                        "round": round_,
+                        "concurrency": concurrency,
+                        "seconds": time.perf_counter() - started,
+                        "rollouts": len(outcomes),
+                        "reward": metrics["eval_reward_mean"],
+                        "failed": sum(o["status"] != "ok" for o in outcomes),
+                        "load": load,
+                        "engine": f"{engine_choice.kind}, {engine_choice.dtype}",
+                    }
+                )
+    finally:
+        runtime.close()
+        if isinstance(engine, ClosableEngine):
+            engine.close()
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Median seconds, rollouts per second and reward per concurrency, in the order first measured; the
+    speed-up is the first concurrency's median seconds over this one's."""
+    order = list(dict.fromkeys(r["concurrency"] for r in rows))
+    out = []
+    for c in order:
+        mine = [r for r in rows if r["concurrency"] == c]
+        seconds = statistics.median(r["seconds"] for r in mine)
+        out.append(
+            {
+                "concurrency": c,
+                "evaluations": len(mine),
+                "median_s": seconds,
+                "rollouts_per_s": statistics.median(r["rollouts"] / r["seconds"] for r in mine),
+                "reward": statistics.mean(r["reward"] for r in mine),
+                "failed": sum(r["failed"] for r in mine),
+            }
+        )
+    base = out[0]["median_s"]
+    for row in out:
+        row["speedup"] = base / row["median_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[4, 8], help="the first is the baseline")
+    parser.add_argument("--rounds", type=int, default=2, help="each concurrency once per round, alternating")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "eval-concurrency")
+    parser.add_argument("--quick", action="store_true", help="tiny random model, 2 tasks (plumbing check)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the main job's config (after --)")
+    args = parser.parse_args(argv)
+    if any(c < 1 for c in args.concurrency) or args.rounds < 1:
+        parser.error("--concurrency values and --rounds must be >= 1")
+    rows = measure(args.concurrency, args.rounds, args.out, quick=args.quick, extra=args.overrides)
+    summary = summarize(rows)
+    console = Console()
+    table = Table(title=f"held-out evaluation of the main job by concurrency: {cpu_summary()}, {rows[0]['engine']}")
+    for column in ("rollouts at once", "evaluations", "median s", "rollouts/s", "speed-up", "reward", "failed"):
+        table.add_column(column)
+    for s in summary:
+        table.add_row(
+            str(s["concurrency"]),
+            str(s["evaluations"]),
+            f"{s['median_s']:.1f}",
+            f"{s['rollouts_per_s']:.3f}",
+            f"{s['speedup']:.2f}x",
+            f"{s['reward']:.3f}",
+            str(s["failed"]),
+        )
+    console.print(table)
+    console.print(
+        "each evaluation: "
+        + ", ".join(f"c={r['concurrency']} {r['seconds']:.0f} s (load {r['load']:.1f})" for r in rows)
+    )
+    base, best = summary[0], max(summary, key=lambda s: s["speedup"])
+    emit(
+        "eval_concurrency",
+        best["speedup"],
+        f"{best['concurrency']} rollouts at once: {best['speedup']:.2f}x the speed of {base['concurrency']}",
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    main()
