@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
-from benchmarks.proxy_load import FastTestEngine, StreamingFastTestEngine, next_turn, use_uvloop
+from benchmarks.proxy_load import FastTestEngine, StreamingFastTestEngine, next_turn, run_on
 
 
 def chat_call(route: Any, tools: bytes, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes]:
@@ -163,8 +163,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--chunk-tokens", type=int, default=0, help="the engine streams this many ids per chunk (0: one chunk per call)"
     )
     args = parser.parse_args(argv)
-    if args.loop == "uvloop":
-        use_uvloop()
     rows = []
     for calls in (int(c) for c in args.calls.split(",")):
         rollouts = args.rollouts or max(1, 1600 // calls)
@@ -172,8 +170,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for run in range(args.runs):
             last = run == args.runs - 1
             runs.append(
-                asyncio.run(
-                    measure(rollouts, calls, args.concurrency, args.profile if last else None, args.chunk_tokens)
+                run_on(
+                    measure(rollouts, calls, args.concurrency, args.profile if last else None, args.chunk_tokens),
+                    args.loop,
                 )
             )
         best = min(runs, key=lambda r: r["handler_us_per_call"])

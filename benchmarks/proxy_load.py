@@ -51,14 +51,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 # The workload of benchmarks.proxy_bench (a tool-calling agent chat), so the two measure the same calls.
 from benchmarks.headline import emit
 from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS, message_from_events
+
+T = TypeVar("T")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -73,14 +76,22 @@ def rss_mb(pid: int | str = "self") -> float:
     return float("nan")
 
 
-def use_uvloop() -> str:
-    """Run this process's asyncio on uvloop when installed (the proxy's and the client's); return the loop name."""
-    try:
-        import uvloop
-    except ImportError:
-        return "asyncio"
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return "uvloop"
+def run_on(main: Coroutine[Any, Any, T], loop: str = "uvloop") -> T:
+    """Run `main` on an event loop of its own: uvloop's when asked and installed, asyncio's otherwise.
+
+    The process-wide event loop policy is left alone: a test suite that calls a benchmark's `main` keeps
+    asyncio for every later test (uvloop's pipe transports once closed other rollouts' files,
+    `clawgym_env/sandbox/pipes.py`)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    if loop == "uvloop":
+        try:
+            import uvloop
+
+            factory = uvloop.new_event_loop
+        except ImportError:
+            pass
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 # ------------------------------------------------------------------------------------------ proxy process
@@ -806,13 +817,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     if args.role == "serve":
-        if args.loop == "uvloop":
-            use_uvloop()
-        asyncio.run(serve(args))
+        run_on(serve(args), args.loop)
         return None
     if args.role == "client":
-        use_uvloop()
-        asyncio.run(client(args))
+        run_on(client(args))
         return None
     if args.role == "engine-server":
         engine_server(args)

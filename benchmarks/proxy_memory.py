@@ -27,7 +27,7 @@ import orjson
 
 from benchmarks.proxy_bench import COMPLETIONS, SYSTEM, TOOLS
 from benchmarks.proxy_handler import _serve_one, chat_call
-from benchmarks.proxy_load import FastTestEngine, next_turn, rss_mb, use_uvloop
+from benchmarks.proxy_load import FastTestEngine, next_turn, rss_mb, run_on
 
 
 async def held_by_open_rollouts(rollouts: int, calls: int) -> dict[str, float]:
@@ -73,9 +73,8 @@ def main() -> None:
     parser.add_argument("--calls", default="4,32,96", help="calls per rollout, comma-separated (one row each)")
     parser.add_argument("--rollouts", type=int, default=100, help="open rollouts per row")
     args = parser.parse_args()
-    use_uvloop()
     for calls in (int(c) for c in args.calls.split(",")):
-        row = asyncio.run(held_by_open_rollouts(args.rollouts, calls))
+        row = run_on(held_by_open_rollouts(args.rollouts, calls))
         print(
             f"{calls:3d} calls per rollout x {args.rollouts} open: held {row['held_kb']:7.0f} kB per rollout "
             f"({row['held_kb'] / calls:5.1f} kB per call), RSS +{row['rss_kb']:7.0f} kB per rollout"

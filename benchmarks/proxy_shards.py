@@ -38,7 +38,7 @@ import orjson
 
 from benchmarks.headline import emit
 from benchmarks.proxy_bench import COMPLETIONS
-from benchmarks.proxy_load import FastTestEngine, client_commands, direct_baseline, remote_engine, use_uvloop
+from benchmarks.proxy_load import FastTestEngine, client_commands, direct_baseline, remote_engine, run_on
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -164,8 +164,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--via-hub", action="store_true", help="with --pool: shards reach the pool through the hub")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    use_uvloop()
-    rows = asyncio.run(
+    rows = run_on(
         bench(
             [int(x) for x in args.shards.split(",")],
             [int(x) for x in args.levels.split(",")],

@@ -18,9 +18,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def default_event_loop_policy():
-    """Put back the event loop policy a test found: a benchmark's main may install uvloop for its process
-    (`benchmarks.proxy_load.use_uvloop`), and every later test would then run on uvloop without saying so.
-    Tests that need uvloop name it (tests/sandbox/test_pipes.py, tests/reliability/test_load.py)."""
+    """Put back the event loop policy a test found: a test that installs uvloop for the process (uvicorn and
+    libraries may) would have every later test run on uvloop without saying so. Tests that need uvloop name it
+    (tests/sandbox/test_pipes.py, tests/reliability/test_load.py); benchmarks run on a loop of their own
+    (`benchmarks.proxy_load.run_on`)."""
     policy = asyncio.get_event_loop_policy()
     yield
     asyncio.set_event_loop_policy(policy)

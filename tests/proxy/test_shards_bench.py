@@ -3,10 +3,29 @@ and recorded, and the CPU of each side measured (the shards' from /proc, the cal
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from benchmarks.proxy_load import run_on
 from benchmarks.proxy_shards import main
 
 
+async def loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_benchmark_runs_on_its_own_loop_and_leaves_the_policy_alone(loop: str) -> None:
+    """A benchmark called from the test suite once installed uvloop for the whole process, and later tests'
+    sandboxes ran on its double-closing pipe transports (clawgym_env/sandbox/pipes.py)."""
+    policy = asyncio.get_event_loop_policy()
+    assert run_on(loop_module(), loop) == loop
+    assert asyncio.get_event_loop_policy() is policy and type(policy).__module__.startswith("asyncio")
+
+
 def test_one_process_and_two_shards_side_by_side() -> None:
+    policy = asyncio.get_event_loop_policy()
     rows = main(["--shards", "1,2", "--levels", "8", "--min-rollouts", "16", "--calls", "2"])
     assert [(r["shards"], r["n"], r["calls"], r["errors"]) for r in rows] == [(1, 8, 32, 0), (2, 8, 32, 0)]
     one, two = rows
@@ -14,3 +33,4 @@ def test_one_process_and_two_shards_side_by_side() -> None:
     assert two["shard_cpu_ms_per_call"] > 0  # the shards did the HTTP work
     # with shards the caller's process runs only the engine and the hub: less of its CPU per call
     assert two["main_cpu_ms_per_call"] < one["main_cpu_ms_per_call"]
+    assert asyncio.get_event_loop_policy() is policy  # it ran on uvloop without installing it
