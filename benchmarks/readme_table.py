@@ -96,6 +96,12 @@ ROWS = [
         target="vLLM ≥ 2x",
     ),
     Row(
+        key="eval_concurrency",
+        what="the main job's held-out evaluation, 8 rollouts at once vs 4",
+        command=["-m", "benchmarks.eval_concurrency"],
+        target="faster, no failures",
+    ),
+    Row(
         key="async",
         what="asynchronous training and adapter sync",
         command=["-m", "benchmarks.async_training", "--publish", "docs/results"],
