@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     emit(
         "eval_concurrency",
         best["speedup"],
-        f"{best['concurrency']} rollouts at once: {best['speedup']:.2f}x the speed of {base['concurrency']}",
+        f"{best['concurrency']} rollouts at once: {best['speedup']:.2f}x the speed of {base['concurrency']} "
+        f"({best['failed']} and {base['failed']} rollouts failed)",
     )
     return summary
 

@@ -28,7 +28,9 @@ from trainers.process_memory import TreeSampler, main_process_peak_mb, phase_of_
 # few GRPO steps move the policy; one task x 8 rollouts per step, so the group's 1.4k-token pi prompt is
 # prefilled once by the engine and packed once by the trainer; 2 calls per rollout (enough to read a file
 # and write the answer; the 0.5B model otherwise writes the file again and again), capped rollouts
-# verified rather than failed; held-out reward on 16 tasks x 2 rollouts (32, so its noise is small).
+# verified rather than failed; held-out reward on 16 tasks x 2 rollouts (32, so its noise is small), 8 at
+# once as a training step runs them (the machine's default allows 4 here; side by side 8 evaluated faster with
+# no failures: `benchmarks.eval_concurrency`, the README's benchmark table).
 MAIN_OVERRIDES = [
     "algorithm=grpo",
     "model=qwen2.5-coder-0.5b",
@@ -44,6 +46,7 @@ MAIN_OVERRIDES = [
     "+env.options.score_capped=true",
     "engine.options.max_batch_size=16",
     "eval.repeats=2",
+    "eval.concurrency=8",
     "eval.every=0",
     "checkpoint.every=2",
     "optim.lr=2.0e-4",

@@ -19,6 +19,7 @@ def test_presets_compose_to_valid_configs(tmp_path):
     default = compose(main_job_overrides(run_dir=tmp_path))
     assert default.model.name == "qwen2.5-coder-0.5b" and default.env.ids == ["ClawGymBench-Pi"]
     assert default.algorithm.name == "grpo"
+    assert default.eval.concurrency == default.env.max_concurrency == 8  # evaluates as many at once as it trains
     mixed = compose(main_job_overrides(mix=True, run_dir=tmp_path))
     assert mixed.env.ids == ["ClawGymBench-Pi", "ClawGymBench-ClaudeCode"]
     assert compose(main_job_overrides(whitebox=True, run_dir=tmp_path)).env.ids == ["ClawGymBench-WhiteBox"]
