@@ -33,10 +33,8 @@ def measure(
     concurrencies: list[int], rounds: int, out: Path, *, quick: bool = False, extra: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """One evaluation per concurrency per round, alternating; a row per evaluation (seconds, reward, load)."""
-    from clawgym_env.chat import ChatMLRenderer
-    from clawgym_env.interfaces import ClosableEngine, Policy
-    from clawgym_env.runtime import Runtime
-    from trainers.loop import build_engine, build_envs, held_out_reward, load_tasks
+    from clawgym_env.interfaces import ClosableEngine
+    from trainers.loop import build_rollout_side, held_out_reward
     from trainers.main import compose
     from trainers.main_job import main_job_overrides, pick_engine
     from trainers.model import load_model
@@ -44,14 +42,11 @@ def measure(
     engine_choice, engine_overrides = pick_engine(quick, list(extra or []))
     cfg = compose(main_job_overrides(quick=quick, run_dir=out, extra=engine_overrides + list(extra or [])))
     model, tokenizer = load_model(cfg.model.name, seed=cfg.model.seed)
-    engine = build_engine(cfg, model, tokenizer)
+    side = build_rollout_side(cfg, model, tokenizer, out)  # the main job's engine, proxy, envs and tasks
     del model
-    policy = Policy(engine=engine, renderer=ChatMLRenderer(tokenizer), name=cfg.model.name)
-    runtime = Runtime(out / "rollouts")
+    envs, tasks, policy = side["eval_envs"], side["eval_tasks"], side["policy"]
     rows: list[dict[str, Any]] = []
     try:
-        envs = build_envs(cfg, runtime, cfg.env.eval_split, evaluation=True)
-        tasks = [load_tasks(e, cfg, cfg.env.eval_tasks) for e in envs]
         for round_ in range(rounds):
             for concurrency in concurrencies:
                 load = os.getloadavg()[0]
@@ -70,9 +65,9 @@ def measure(
                     }
                 )
     finally:
-        runtime.close()
-        if isinstance(engine, ClosableEngine):
-            engine.close()
+        side["runtime"].close()
+        if isinstance(side["engine"], ClosableEngine):
+            side["engine"].close()
     return rows
 
 
