@@ -368,7 +368,10 @@ async def serve(args: argparse.Namespace) -> None:
     lag_task = asyncio.create_task(lag.run())
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    # The transport owns (and closes) the pipe it reads: give it a duplicate of stdin, so the interpreter's own
+    # sys.stdin never closes a descriptor number the transport already closed and the process reused.
+    stdin = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
     prompts: list[list[int]] = []
     handler_s: list[float] = []
     opened = 0
