@@ -85,6 +85,34 @@ def starting_rewards_block(rows: list[EvidenceRow]) -> str:
     return "\n".join(lines) + "\n\nFrom `docs/results/starting_rewards.jsonl.gz` (one row per rollout).\n"
 
 
+def starting_signal_block(rows: list[EvidenceRow]) -> str:
+    """Sampled groups of the untrained policy: how many would give GRPO a non-zero advantage."""
+    if not rows:
+        return "No stored run yet: `python -m benchmarks.starting_rewards --samples 8 --publish docs/results`.\n"
+    by_harness: dict[tuple[str, str], list[EvidenceRow]] = defaultdict(list)
+    for r in rows:
+        by_harness[r.suite, r.eval_harness].append(r)
+    lines = [
+        "| suite (level 0) | harness | tasks x rollouts | mean reward | rewards 0 / ½ / 1 | groups whose rewards differ "
+        "| failed | commit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for suite, harness in sorted(by_harness, key=lambda k: (k[0] != MATRIX_SUITE, k[0], _harness_order(k[1]))):
+        rs = by_harness[suite, harness]
+        groups: dict[str, list[float]] = defaultdict(list)
+        for r in rs:
+            groups[r.task_id].append(r.reward)
+        sizes = sorted({len(g) for g in groups.values()})
+        differ = sum(max(g) != min(g) for g in groups.values())
+        shares = " / ".join(f"{np.mean([r.reward == v for r in rs]):.0%}" for v in (0.0, 0.5, 1.0))
+        lines.append(
+            f"| {suite} | {harness} | {len(groups)} x {'/'.join(map(str, sizes))} | "
+            f"{np.mean([r.reward for r in rs]):.3f} | {shares} | {differ}/{len(groups)} "
+            f"| {sum(r.status != 'ok' for r in rs)} | {', '.join(sorted({r.commit[:10] for r in rs}))} |"
+        )
+    return "\n".join(lines) + "\n\nFrom `docs/results/starting_signal.jsonl.gz` (one row per rollout).\n"
+
+
 # ------------------------------------------------------------------------------------------- transfer matrix
 class Matrix:
     """The matrix's cells computed from its evidence rows."""
@@ -364,6 +392,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
     return {
         "main-job": main_job_block(results),
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
+        "starting-signal": starting_signal_block(_load("starting_signal", results)),
         **matrix_blocks(_load("transfer_matrix", results)),
         "async-training": async_training_block(results),
         "proxy-ab": proxy_ab_block(results),

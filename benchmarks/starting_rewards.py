@@ -8,11 +8,17 @@ learning recipe's per-call limits (`trainers.main_job.MAIN_OVERRIDES`) and the m
 
     .venv/bin/python -m benchmarks.starting_rewards                     # 0.5B policy, 8 tasks, 4 harnesses
     .venv/bin/python -m benchmarks.starting_rewards --harnesses OpenClaw --publish docs/results   # one harness
+    .venv/bin/python -m benchmarks.starting_rewards --samples 8 --harnesses ClaudeCode --suite JobBench
     .venv/bin/python -m benchmarks.starting_rewards --model tiny-qwen3 --count 1 --harnesses Pi   # plumbing
 
+A greedy start ranks harnesses only roughly; whether GRPO can learn depends on the groups it will sample.
+`--samples K` draws K rollouts per task at the training temperature (`algorithm.temperature`, 1.0), a GRPO
+group each, and counts the groups whose rewards differ (the others teach nothing).
+
 Every rollout is an `evaluation.evidence.EvidenceRow` (arm "untrained", phase "before") in
-<out>/evidence.jsonl.gz; `--publish DIR` merges them into DIR/starting_rewards.jsonl.gz, replacing the rows
-of the harnesses measured again, so the docs' table (`benchmarks.experiment_report`) is rebuilt from them.
+<out>/evidence.jsonl.gz; `--publish DIR` merges them into DIR/starting_rewards.jsonl.gz (greedy) or
+DIR/starting_signal.jsonl.gz (sampled groups), replacing the rows of the harnesses measured again, so the
+docs' tables (`benchmarks.experiment_report`) are rebuilt from them.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, rows_from_
 # The learning recipe's limits (trainers/main_job.py, MAIN_OVERRIDES), as env options.
 RECIPE_LIMITS = {"max_new_tokens": 96, "max_calls": 2, "score_capped": True}
 HARNESSES = ["WhiteBox", "Pi", "ClaudeCode", "OpenClaw"]
-EXPERIMENT = "starting_rewards"
+EXPERIMENT = "starting_rewards"  # greedy, one rollout per task
+SIGNAL_EXPERIMENT = "starting_signal"  # sampled groups, K rollouts per task
+TRAINING_TEMPERATURE = 1.0  # trainers/conf/algorithm/grpo.yaml: the temperature a GRPO group is sampled at
+
+
+def groups_with_signal(rewards_by_task: dict[str, list[float]]) -> int:
+    """How many tasks' groups have rewards that differ: the only groups GRPO's advantages are non-zero for."""
+    return sum(max(rs) != min(rs) for rs in rewards_by_task.values() if len(rs) > 1)
 
 
 def starting_rewards(
@@ -44,9 +57,11 @@ def starting_rewards(
     out: Path,
     concurrency: int | None,
     rollout_timeout_s: float,
+    samples: int = 1,
     evidence: list[EvidenceRow] | None = None,
 ) -> list[dict[str, object]]:
-    """One greedy evaluation per harness; a row each with mean reward, successes, failures and time.
+    """One evaluation per harness (greedy, or `samples` rollouts per task at the training temperature); a row
+    each with mean reward, successes, failures, groups whose rewards differ, and time.
 
     The rollout limit is generous on purpose: a timeout scores 0 and would measure the machine's load,
     not the policy (a CPU prefill of Claude Code's ~4k-token prompt takes minutes on a loaded 2-core box)."""
@@ -60,7 +75,8 @@ def starting_rewards(
             split="test",
             level=level,
             count=count,
-            temperature=0.0,
+            repeats=samples,
+            temperature=0.0 if samples == 1 else TRAINING_TEMPERATURE,
             concurrency=concurrency,
             env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s, **adapter},
             run_dir=out / harness,
@@ -68,14 +84,18 @@ def starting_rewards(
             progress=False,
         )
         if evidence is not None:
-            fields = {"experiment": EXPERIMENT, "arm": UNTRAINED, "phase": "before", "seed": 0}
+            experiment = EXPERIMENT if samples == 1 else SIGNAL_EXPERIMENT
+            fields = {"experiment": experiment, "arm": UNTRAINED, "phase": "before", "seed": 0}
             evidence += rows_from_report(report, **fields, commit=report.commit or "unknown")
         (stats,) = report.by_env.values()
         successes = sum(row.success for row in report.rows)
+        rewards_by_task: dict[str, list[float]] = {}
+        for row in report.rows:
+            rewards_by_task.setdefault(row.task_id, []).append(row.reward)
         reasons = {f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()}
         rows.append(
             {"harness": harness, **stats.model_dump(mode="json"), "successes": successes, "failure_reasons": reasons}
-            | {"wall_s": report.wall_s}
+            | {"groups_with_signal": groups_with_signal(rewards_by_task), "wall_s": report.wall_s}
         )
     return rows
 
@@ -87,6 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     parser.add_argument("--suite", default="ClawGymBench")
     parser.add_argument("--level", type=int, default=0)
     parser.add_argument("--count", type=int, default=8, help="held-out task instances per harness")
+    parser.add_argument("--samples", type=int, default=1, help="rollouts per task: 1 greedy, K>1 a group at T=1")
     parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: machine's)")
     parser.add_argument("--rollout-timeout-s", type=float, default=1800.0, help="per rollout (timeouts score 0)")
     parser.add_argument("--out", type=Path, default=Path("runs") / "starting-rewards")
@@ -102,19 +123,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
         out=args.out,
         concurrency=args.concurrency,
         rollout_timeout_s=args.rollout_timeout_s,
+        samples=args.samples,
         evidence=evidence,
     )
     write_rows(args.out / "evidence.jsonl.gz", evidence)
     if args.publish is not None:
-        publish_rows(args.publish / f"{EXPERIMENT}.jsonl.gz", evidence)
-    table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, greedy, 1 rollout/task")
-    for column in ("harness", "mean reward", "successes", "failed", "wall s", "failure reasons"):
+        experiment = EXPERIMENT if args.samples == 1 else SIGNAL_EXPERIMENT
+        publish_rows(args.publish / f"{experiment}.jsonl.gz", evidence)
+    sampling = "greedy, 1 rollout/task" if args.samples == 1 else f"{args.samples} rollouts/task at T=1"
+    table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, {sampling}")
+    for column in ("harness", "mean reward", "successes", "groups with signal", "failed", "wall s", "failure reasons"):
         table.add_column(column)
     for row in rows:
         table.add_row(
             str(row["harness"]),
             f"{row['mean_reward']:.3f}",
             f"{row['successes']}/{row['rollouts']}",
+            f"{row['groups_with_signal']}/{args.count}" if args.samples > 1 else "-",
             str(row["failed"]),
             f"{row['wall_s']:.0f}",
             ", ".join(f"{k} x{n}" for k, n in row["failure_reasons"].items()) or "-",

@@ -92,6 +92,21 @@ def test_without_stored_rows_a_block_says_how_to_make_them(tmp_path: Path) -> No
     assert generated["transfer-matrix"].startswith("No stored run yet: `python -m benchmarks.transfer_matrix")
 
 
+def test_sampled_starting_groups_count_those_whose_rewards_differ(tmp_path: Path) -> None:
+    """Two tasks x 4 rollouts: one group all zero (no GRPO signal), one with a half and a full success."""
+    fields = {"experiment": "starting_signal", "arm": "untrained", "phase": "before", "seed": 0}
+    rewards = {"flat": [0.0, 0.0, 0.0, 0.0], "mixed": [0.0, 0.5, 1.0, 0.0]}
+    rows = [
+        EvidenceRow(**fields, eval_harness="OpenClaw", suite="ClawGymBench", task_id=task, repeat=i, reward=r)
+        for task, rs in rewards.items()
+        for i, r in enumerate(rs)
+    ]
+    write_rows(tmp_path / "starting_signal.jsonl.gz", rows)
+    block = blocks(tmp_path)["starting-signal"]
+    assert "| ClawGymBench | OpenClaw | 2 x 4 | 0.188 | 75% / 12% / 12% | 1/2 | 0 | unknown |" in block
+    assert blocks(tmp_path / "empty")["starting-signal"].startswith("No stored run yet")
+
+
 def test_published_files_are_readable_with_the_standard_library() -> None:
     for path in (Path(__file__).resolve().parents[2] / "docs" / "results").glob("*.jsonl.gz"):
         with gzip.open(path, "rt") as f:

@@ -2,7 +2,7 @@
 
 import json
 
-from benchmarks.starting_rewards import RECIPE_LIMITS, main
+from benchmarks.starting_rewards import RECIPE_LIMITS, groups_with_signal, main
 from evaluation.evidence import publish_rows, read_rows
 
 
@@ -21,6 +21,23 @@ def test_one_row_per_harness_with_the_recipe_limits(tmp_path) -> None:
         "WhiteBox",
         rows[0]["mean_reward"],
     )
+
+
+def test_sampled_groups_are_stored_apart_and_counted(tmp_path) -> None:
+    """`--samples 3`: three rollouts of the task at T=1, one group, published to starting_signal, not the greedy file."""
+    argv = ["--model", "tiny-qwen3", "--count", "1", "--samples", "3", "--harnesses", "WhiteBox"]
+    rows = main([*argv, "--out", str(tmp_path / "out"), "--publish", str(tmp_path / "results")])
+    assert rows[0]["rollouts"] == 3 and rows[0]["groups_with_signal"] in (0, 1)
+    stored = read_rows(tmp_path / "results" / "starting_signal.jsonl.gz")
+    assert sorted(r.repeat for r in stored) == [0, 1, 2] and {r.experiment for r in stored} == {"starting_signal"}
+    assert len({r.task_id for r in stored}) == 1
+    differ = max(r.reward for r in stored) != min(r.reward for r in stored)
+    assert rows[0]["groups_with_signal"] == int(differ)
+    assert not (tmp_path / "results" / "starting_rewards.jsonl.gz").exists()
+
+
+def test_groups_with_signal_counts_only_groups_whose_rewards_differ() -> None:
+    assert groups_with_signal({"a": [0.0, 0.0], "b": [0.0, 0.5], "c": [1.0], "d": [1.0, 1.0, 0.0]}) == 2
 
 
 def test_published_rows_replace_only_the_harnesses_measured_again(tmp_path) -> None:
