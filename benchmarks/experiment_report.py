@@ -63,6 +63,12 @@ def _verdict(e: Estimate) -> str:
     return ("**shown**" if e.value > 0 else "**a loss, shown**") + several + one_seed
 
 
+def _difference_verdict(d: Estimate) -> str:
+    """A difference of two arms' gains, read over the training seeds both arms have."""
+    seeds = "the 1 seed both arms have" if d.seeds == 1 else f"the {d.seeds} seeds both arms have"
+    return f"{'shown' if d.shown else 'no difference detectable'} (over {seeds})"
+
+
 # ------------------------------------------------------------------------------------------- starting rewards
 def starting_rewards_block(rows: list[EvidenceRow]) -> str:
     if not rows:
@@ -222,10 +228,7 @@ class Matrix:
         if mixed:
             out.append(
                 "4. *A mixed batch matches single-harness training* (equal budgets): "
-                + "; ".join(
-                    f"{m} minus {h} alone, in {h}: {_fmt(d)}, {'shown' if d.shown else 'no difference detectable'}"
-                    for m, h, d in mixed
-                )
+                + "; ".join(f"{m} minus {h} alone, in {h}: {_fmt(d)}, {_difference_verdict(d)}" for m, h, d in mixed)
                 + "."
             )
         from benchmarks.transfer_matrix import ARMS, VARIANTS
@@ -238,7 +241,7 @@ class Matrix:
                 out.append(
                     f"{number}. *{v.claim.format(h=h)}*: {v.name} {_fmt(self.cells[(arm, h)])}, {v.base_name} "
                     f"{_fmt(self.cells[(v.base, h)])}; {v.name} minus {v.base_name} {_fmt(d)}, "
-                    f"{'shown' if d.shown else 'no difference detectable'}."
+                    f"{_difference_verdict(d)}."
                 )
                 number += 1
         return "\n".join(out) + "\n"
