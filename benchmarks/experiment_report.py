@@ -70,18 +70,22 @@ def _difference_verdict(d: Estimate) -> str:
 
 
 # ------------------------------------------------------------------------------------------- starting rewards
+def _by_suite_and_harness(rows: list[EvidenceRow]) -> list[tuple[tuple[str, str], list[EvidenceRow]]]:
+    """Rows grouped by (suite, harness): the matrix's suite first, then by name; harnesses white-box first."""
+    groups: dict[tuple[str, str], list[EvidenceRow]] = defaultdict(list)
+    for r in rows:
+        groups[r.suite, r.eval_harness].append(r)
+    return sorted(groups.items(), key=lambda kv: (kv[0][0] != MATRIX_SUITE, kv[0][0], _harness_order(kv[0][1])))
+
+
 def starting_rewards_block(rows: list[EvidenceRow]) -> str:
     if not rows:
         return "No stored run yet: `python -m benchmarks.starting_rewards --publish docs/results`.\n"
-    by_harness: dict[tuple[str, str], list[EvidenceRow]] = defaultdict(list)
-    for r in rows:
-        by_harness[r.suite, r.eval_harness].append(r)
     lines = [
         "| suite (level 0) | harness | tasks | mean reward | full successes | failed | mean calls | commit |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for suite, harness in sorted(by_harness, key=lambda k: (k[0] != MATRIX_SUITE, k[0], _harness_order(k[1]))):
-        rs = by_harness[suite, harness]
+    for (suite, harness), rs in _by_suite_and_harness(rows):
         commits = sorted({r.commit[:10] for r in rs})
         lines.append(
             f"| {suite} | {harness} | {len({r.task_id for r in rs})} | {np.mean([r.reward for r in rs]):.3f} "
@@ -95,16 +99,12 @@ def starting_signal_block(rows: list[EvidenceRow]) -> str:
     """Sampled groups of the untrained policy: how many would give GRPO a non-zero advantage."""
     if not rows:
         return "No stored run yet: `python -m benchmarks.starting_rewards --samples 8 --publish docs/results`.\n"
-    by_harness: dict[tuple[str, str], list[EvidenceRow]] = defaultdict(list)
-    for r in rows:
-        by_harness[r.suite, r.eval_harness].append(r)
     lines = [
         "| suite (level 0) | harness | tasks x rollouts | mean reward | rewards 0 / ½ / 1 | groups whose rewards differ "
         "| failed | commit |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for suite, harness in sorted(by_harness, key=lambda k: (k[0] != MATRIX_SUITE, k[0], _harness_order(k[1]))):
-        rs = by_harness[suite, harness]
+    for (suite, harness), rs in _by_suite_and_harness(rows):
         groups: dict[str, list[float]] = defaultdict(list)
         for r in rs:
             groups[r.task_id].append(r.reward)
