@@ -114,8 +114,8 @@ HARNESS_OPTIONS: dict[str, dict[str, str]] = {"OpenClaw": {"api_style": "openai-
 and in the starting rewards (arms that do not train through it keep their configs). OpenClaw speaks the chat
 completions API here: that transport moves the line with the run's session id out of the system prompt, so
 a group's rollouts share ~7.6k of their ~7.8k prompt tokens (5k with the responses API), which the engine
-can prefill and the trainer pack once per group (the sharing measured in the results log, 2026-12-05; the
-training cost not yet)."""
+can prefill and the trainer pack once per group (the sharing, and what a seed costs to train this way, are in
+the results log)."""
 QUICK = ["steps=1", "env.train_tasks=1", "env.eval_tasks=1", "eval.repeats=1", "env.options.max_new_tokens=8"]
 """On top of the main job's --quick preset (tiny random model): one step on one task, one held-out task."""
 
