@@ -8,7 +8,7 @@ learning recipe's per-call limits (`trainers.main_job.MAIN_OVERRIDES`) and the m
 
     .venv/bin/python -m benchmarks.starting_rewards                     # 0.5B policy, 8 tasks, 4 harnesses
     .venv/bin/python -m benchmarks.starting_rewards --harnesses OpenClaw --publish docs/results   # one harness
-    .venv/bin/python -m benchmarks.starting_rewards --samples 8 --harnesses ClaudeCode --suite JobBench
+    .venv/bin/python -m benchmarks.starting_rewards --samples 8 --engine vllm --harnesses ClaudeCode --suite JobBench
     .venv/bin/python -m benchmarks.starting_rewards --model tiny-qwen3 --count 1 --harnesses Pi   # plumbing
 
 A greedy start ranks harnesses only roughly; whether GRPO can learn depends on the groups it will sample.
@@ -58,6 +58,7 @@ def starting_rewards(
     concurrency: int | None,
     rollout_timeout_s: float,
     samples: int = 1,
+    engine: str = "transformers",
     evidence: list[EvidenceRow] | None = None,
 ) -> list[dict[str, object]]:
     """One evaluation per harness (greedy, or `samples` rollouts per task at the training temperature); a row
@@ -65,38 +66,50 @@ def starting_rewards(
 
     The rollout limit is generous on purpose: a timeout scores 0 and would measure the machine's load,
     not the policy (a CPU prefill of Claude Code's ~4k-token prompt takes minutes on a loaded 2-core box)."""
-    policy = make_eval_policy(model)
+    policy = make_eval_policy(model, engine=engine)
     rows = []
-    for harness in harnesses:
-        adapter = {"harness_options": HARNESS_OPTIONS[harness]} if harness in HARNESS_OPTIONS else {}
-        report = evaluate(
-            policy,
-            [f"{suite}-{harness}"],
-            split="test",
-            level=level,
-            count=count,
-            repeats=samples,
-            temperature=0.0 if samples == 1 else TRAINING_TEMPERATURE,
-            concurrency=concurrency,
-            env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s, **adapter},
-            run_dir=out / harness,
-            model_name=model,
-            progress=False,
-        )
-        if evidence is not None:
-            experiment = EXPERIMENT if samples == 1 else SIGNAL_EXPERIMENT
-            fields = {"experiment": experiment, "arm": UNTRAINED, "phase": "before", "seed": 0}
-            evidence += rows_from_report(report, **fields, commit=report.commit or "unknown")
-        (stats,) = report.by_env.values()
-        successes = sum(row.success for row in report.rows)
-        rewards_by_task: dict[str, list[float]] = {}
-        for row in report.rows:
-            rewards_by_task.setdefault(row.task_id, []).append(row.reward)
-        reasons = {f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()}
-        rows.append(
-            {"harness": harness, **stats.model_dump(mode="json"), "successes": successes, "failure_reasons": reasons}
-            | {"groups_with_signal": groups_with_signal(rewards_by_task), "wall_s": report.wall_s}
-        )
+    try:
+        for harness in harnesses:
+            adapter = {"harness_options": HARNESS_OPTIONS[harness]} if harness in HARNESS_OPTIONS else {}
+            report = evaluate(
+                policy,
+                [f"{suite}-{harness}"],
+                split="test",
+                level=level,
+                count=count,
+                repeats=samples,
+                temperature=0.0 if samples == 1 else TRAINING_TEMPERATURE,
+                concurrency=concurrency,
+                env_overrides={**RECIPE_LIMITS, "rollout_timeout_s": rollout_timeout_s, **adapter},
+                run_dir=out / harness,
+                model_name=model,
+                progress=False,
+            )
+            if evidence is not None:
+                experiment = EXPERIMENT if samples == 1 else SIGNAL_EXPERIMENT
+                fields = {"experiment": experiment, "arm": UNTRAINED, "phase": "before", "seed": 0}
+                evidence += rows_from_report(report, **fields, commit=report.commit or "unknown")
+            (stats,) = report.by_env.values()
+            successes = sum(row.success for row in report.rows)
+            rewards_by_task: dict[str, list[float]] = {}
+            for row in report.rows:
+                rewards_by_task.setdefault(row.task_id, []).append(row.reward)
+            reasons = {
+                f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()
+            }
+            rows.append(
+                {
+                    "harness": harness,
+                    **stats.model_dump(mode="json"),
+                    "successes": successes,
+                    "failure_reasons": reasons,
+                }
+                | {"groups_with_signal": groups_with_signal(rewards_by_task), "wall_s": report.wall_s}
+            )
+    finally:
+        close = getattr(getattr(policy, "engine", None), "close", None)
+        if close is not None:  # an in-process vLLM engine stops its core process
+            close()
     return rows
 
 
@@ -108,6 +121,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     parser.add_argument("--level", type=int, default=0)
     parser.add_argument("--count", type=int, default=8, help="held-out task instances per harness")
     parser.add_argument("--samples", type=int, default=1, help="rollouts per task: 1 greedy, K>1 a group at T=1")
+    parser.add_argument(
+        "--engine", choices=["transformers", "vllm"], default="transformers", help="vllm: as the matrix evaluates"
+    )
     parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: machine's)")
     parser.add_argument("--rollout-timeout-s", type=float, default=1800.0, help="per rollout (timeouts score 0)")
     parser.add_argument("--out", type=Path, default=Path("runs") / "starting-rewards")
@@ -124,6 +140,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
         concurrency=args.concurrency,
         rollout_timeout_s=args.rollout_timeout_s,
         samples=args.samples,
+        engine=args.engine,
         evidence=evidence,
     )
     write_rows(args.out / "evidence.jsonl.gz", evidence)
