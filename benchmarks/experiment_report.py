@@ -348,6 +348,11 @@ def _split(run: MainJobRun) -> str:
     return f" (set-up {run.setup_s:.0f}, evaluations {run.evaluations_s:.0f})"
 
 
+def _file_backed(run: MainJobRun) -> str:
+    """How much of the main process's peak was mapped files, where its report measured it (older ones did not)."""
+    return "" if run.file_backed_main_mb is None else f" ({run.file_backed_main_mb / 1024:.1f} mapped files)"
+
+
 def main_job_block(results: Path) -> str:
     """The README's main-job runs: what each run reported, and its held-out gain from its stored rollouts."""
     from benchmarks.main_job_runs import ROWS, RUNS, read_runs
@@ -377,8 +382,8 @@ def main_job_block(results: Path) -> str:
         options = run.command.removeprefix("bash scripts/main.sh").strip()  # a run with options says which
         lines.append(
             f"| {run.run} ({run.date}{f'; `{options}`' if options else ''}) | {run.engine}; {run.update} | {run.wall_s / 60:.1f} min | {run.rollouts_s:.0f} / "
-            f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s{_split(run)} | {run.peak_rss_main_mb / 1024:.1f} / "
-            f"{run.peak_rss_tree_mb / 1024:.1f} GB | {'; '.join(held)} | {run.cpu}, load {run.load_start:.1f} → "
+            f"{run.updates_s:.0f} / {run.evaluation_and_setup_s:.0f} s{_split(run)} | {run.peak_rss_main_mb / 1024:.1f}"
+            f"{_file_backed(run)} / {run.peak_rss_tree_mb / 1024:.1f} GB | {'; '.join(held)} | {run.cpu}, load {run.load_start:.1f} → "
             f"{run.load_end:.1f} |"
         )
     commands = sorted({r.command for r in runs})
@@ -386,7 +391,14 @@ def main_job_block(results: Path) -> str:
         "\n".join(lines)
         + f"\n\nFrom `docs/results/{RUNS}` (each run's own report) and `docs/results/{ROWS}` (its rollouts), made by "
         f"{', '.join(f'`{c}`' for c in commands)} and `{command}`. Held-out: the same tasks before and after "
-        "training; one run is one seed, so its interval covers tasks and rollouts, not training seeds.\n"
+        "training; one run is one seed, so its interval covers tasks and rollouts, not training seeds."
+        + (
+            " Mapped files: the part of the main process's peak that was file-backed pages (the model's weights "
+            "file, libraries), which the kernel can drop and read again."
+            if any(run.file_backed_main_mb is not None for run in runs)
+            else ""
+        )
+        + "\n"
     )
 
 

@@ -48,6 +48,7 @@ class MainJobRun(BaseModel):
     setup_s: float | None = None  # of evaluation_and_setup_s (runs before reports split it: None)
     evaluations_s: float | None = None
     peak_rss_main_mb: float
+    file_backed_main_mb: float | None = None  # of the main process's peak, mapped files (runs before: None)
     peak_rss_tree_mb: float
     held_out: dict[str, dict[str, float | None]]  # harness -> before / after
 
@@ -83,6 +84,7 @@ def read_run(run_dir: Path, command: str) -> tuple[MainJobRun, list[EvidenceRow]
         setup_s=time_s.get("setup"),
         evaluations_s=time_s.get("evaluations"),
         peak_rss_main_mb=rss["main_process"],
+        file_backed_main_mb=rss.get("main_process_file_backed"),
         peak_rss_tree_mb=rss["process_tree"],
         held_out=report["held_out"],
     )

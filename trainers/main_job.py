@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainers.engine_choice import EngineChoice, UpdateChoice, choose_engine, choose_update, cpu_summary
-from trainers.process_memory import TreeSampler, main_process_peak_mb, phase_of_peak
+from trainers.process_memory import TreeSampler, main_process_peak_mb, peak_row, phase_of_peak
 
 # The learning recipe measured on 2 CPU cores (docs/trainers.md, "Learning test"): LoRA at a high rate so a
 # few GRPO steps move the policy; one task x 8 rollouts per step, so the group's 1.4k-token pi prompt is
@@ -142,10 +142,12 @@ def run_main_job(console: Console | None = None, **kwargs: Any) -> dict[str, Any
     wall_s = time.perf_counter() - started
     rows = metrics_rows(Path(cfg.run_dir))
     report = build_report(Path(cfg.run_dir), rows, summary, wall_s)
+    at_peak = peak_row(rows) or {}
     report["peak_rss_mb"] = {
         "main_process": main_process_peak_mb(),
         "process_tree": tree.peak_mb,
         "main_process_reached_by": phase_of_peak(rows),
+        "main_process_file_backed": at_peak.get("memory/file_mb"),  # of it, mapped files (at the peak's row)
     }
     report["engine"] = engine.model_dump()
     report["update"] = update.model_dump()
@@ -281,7 +283,10 @@ def render_report(report: dict[str, Any]) -> Table:
     table.add_row("weight sync to the engine (share of step time)", f"{sync['seconds']:.1f} s ({share})")
     rss = report.get("peak_rss_mb")
     if rss:
-        when = f" (main's reached by {rss['main_process_reached_by']})" if rss.get("main_process_reached_by") else ""
+        when = f" (main's reached by {rss['main_process_reached_by']}" if rss.get("main_process_reached_by") else ""
+        if when and rss.get("main_process_file_backed") is not None:
+            when += f"; {rss['main_process_file_backed']:.0f} MB of it mapped files: the weights, libraries"
+        when += ")" if when else ""
         table.add_row(
             "peak RSS: main process / whole process tree",
             f"{rss['main_process']:.0f} / {rss['process_tree']:.0f} MB{when}",

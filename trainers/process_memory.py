@@ -96,18 +96,40 @@ def main_process_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def file_backed_mb() -> float:
+    """This process's resident pages that are mapped files (the model's safetensors weights, libraries): part
+    of its RSS, but clean pages the kernel can drop and read again, unlike its own allocations."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) / 1024  # kB
+    return 0.0
+
+
 def memory_metrics() -> dict[str, float]:
-    """This process's resident memory now and its high-water mark so far (MB), for a metrics row: logged
-    after every step and evaluation, they show in which phase the peak was reached."""
-    return {"memory/rss_mb": psutil.Process().memory_info().rss / 2**20, "memory/peak_mb": main_process_peak_mb()}
+    """This process's resident memory now, the part of it that is mapped files, and its high-water mark so
+    far (MB), for a metrics row: logged after every step and evaluation, they show in which phase the peak
+    was reached and how much of it the mapped weights were."""
+    return {
+        "memory/rss_mb": psutil.Process().memory_info().rss / 2**20,
+        "memory/file_mb": file_backed_mb(),
+        "memory/peak_mb": main_process_peak_mb(),
+    }
 
 
-def phase_of_peak(rows: list[dict[str, object]]) -> str | None:
-    """The first metrics row (e.g. "step 3", "eval start") whose high-water mark is the run's: where the
-    main process's peak was reached (at or before that row, after the row before it)."""
+def peak_row(rows: list[dict[str, object]]) -> dict[str, object] | None:
+    """The first metrics row whose high-water mark is the run's: the main process's peak was reached at or
+    before that row, after the row before it."""
     peaks = [(r, float(r["memory/peak_mb"])) for r in rows if isinstance(r.get("memory/peak_mb"), (int, float))]
     if not peaks:
         return None
     top = max(p for _, p in peaks)
-    row = next(r for r, p in peaks if p >= top)
+    return next(r for r, p in peaks if p >= top)
+
+
+def phase_of_peak(rows: list[dict[str, object]]) -> str | None:
+    """Where the main process's peak was reached: "step 3", "eval start" (see `peak_row`)."""
+    row = peak_row(rows)
+    if row is None:
+        return None
     return f"eval {row.get('label')}" if row.get("kind") == "eval" else f"step {row.get('step')}"

@@ -50,6 +50,7 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     rss = report["peak_rss_mb"]
     assert rss["process_tree"] > 100 and rss["main_process"] > 100  # torch and a model are loaded
     assert rss["main_process_reached_by"] in {"eval start", "step 1", "step 2", "eval end"}
+    assert 0 < rss["main_process_file_backed"] < rss["main_process"]  # libraries and weights are mapped files
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     peaks = [r["memory/peak_mb"] for r in logged]  # every step and evaluation logs the process's memory
     assert len(peaks) == 4 and peaks == sorted(peaks) and all(r["memory/rss_mb"] > 100 for r in logged)
@@ -75,6 +76,7 @@ def test_main_job_quick_runs_and_writes_its_report(tmp_path):
     block = main_job_block(results)
     assert block.startswith("| run (date) |") and f"| main ({run.date}) | transformers, float32; float32 |" in block
     assert f"s (set-up {run.setup_s:.0f}, evaluations {run.evaluations_s:.0f}) |" in block
+    assert f"| {run.peak_rss_main_mb / 1024:.1f} ({run.file_backed_main_mb / 1024:.1f} mapped files) / " in block
     main_job_runs.main([str(run_dir), "--publish", str(results)])  # published again: replaced, not doubled
     assert len(main_job_runs.read_runs(results / main_job_runs.RUNS)) == 1
     assert read_rows(results / main_job_runs.ROWS) == rows

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from trainers.process_memory import TreeSampler, memory_metrics, phase_of_peak, tree_rss_bytes
+from trainers.process_memory import TreeSampler, memory_metrics, peak_row, phase_of_peak, tree_rss_bytes
 
 HOLD_MB = 200
 CHILD = f"import time; b = bytearray({HOLD_MB} * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); time.sleep(30)"
@@ -73,5 +73,7 @@ def test_the_phase_of_the_peak_is_the_first_row_that_reached_it() -> None:
     assert phase_of_peak(rows) == "step 1"
     assert phase_of_peak([*rows, {"kind": "eval", "label": "end", "step": 2, "memory/peak_mb": 3000.0}]) == "eval end"
     assert phase_of_peak([{"kind": "train", "step": 1}]) is None  # rows from before memory was logged
+    assert peak_row(rows) is rows[1] and peak_row([{"kind": "train", "step": 1}]) is None
     now = memory_metrics()
     assert 0 < now["memory/rss_mb"] <= now["memory/peak_mb"] * 1.01
+    assert 0 < now["memory/file_mb"] < now["memory/rss_mb"]  # the interpreter and torch's libraries are mapped files
