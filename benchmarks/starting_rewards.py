@@ -33,6 +33,7 @@ from rich.table import Table
 from benchmarks.transfer_matrix import HARNESS_OPTIONS
 from evaluation import evaluate, make_eval_policy
 from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, rows_from_report, write_rows
+from evaluation.report import EvalReport
 
 # The learning recipe's limits (trainers/main_job.py, MAIN_OVERRIDES), as env options.
 RECIPE_LIMITS = {"max_new_tokens": 96, "max_calls": 2, "score_capped": True}
@@ -45,6 +46,23 @@ TRAINING_TEMPERATURE = 1.0  # trainers/conf/algorithm/grpo.yaml: the temperature
 def groups_with_signal(rewards_by_task: dict[str, list[float]]) -> int:
     """How many tasks' groups have rewards that differ: the only groups GRPO's advantages are non-zero for."""
     return sum(max(rs) != min(rs) for rs in rewards_by_task.values() if len(rs) > 1)
+
+
+def summary_row(harness: str, report: EvalReport) -> dict[str, object]:
+    """One harness's evaluation as a table row: its stats, full successes, groups with signal, failures, time."""
+    (stats,) = report.by_env.values()
+    rewards_by_task: dict[str, list[float]] = {}
+    for row in report.rows:
+        rewards_by_task.setdefault(row.task_id, []).append(row.reward)
+    reasons = {f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()}
+    return {
+        "harness": harness,
+        **stats.model_dump(mode="json"),
+        "successes": sum(row.success for row in report.rows),
+        "groups_with_signal": groups_with_signal(rewards_by_task),
+        "failure_reasons": reasons,
+        "wall_s": report.wall_s,
+    }
 
 
 def starting_rewards(
@@ -89,23 +107,7 @@ def starting_rewards(
                 experiment = EXPERIMENT if samples == 1 else SIGNAL_EXPERIMENT
                 fields = {"experiment": experiment, "arm": UNTRAINED, "phase": "before", "seed": 0}
                 evidence += rows_from_report(report, **fields, commit=report.commit or "unknown")
-            (stats,) = report.by_env.values()
-            successes = sum(row.success for row in report.rows)
-            rewards_by_task: dict[str, list[float]] = {}
-            for row in report.rows:
-                rewards_by_task.setdefault(row.task_id, []).append(row.reward)
-            reasons = {
-                f"{stage}: {reason}": n for stage, by in report.failure_reasons.items() for reason, n in by.items()
-            }
-            rows.append(
-                {
-                    "harness": harness,
-                    **stats.model_dump(mode="json"),
-                    "successes": successes,
-                    "failure_reasons": reasons,
-                }
-                | {"groups_with_signal": groups_with_signal(rewards_by_task), "wall_s": report.wall_s}
-            )
+            rows.append(summary_row(harness, report))
     finally:
         close = getattr(getattr(policy, "engine", None), "close", None)
         if close is not None:  # an in-process vLLM engine stops its core process
