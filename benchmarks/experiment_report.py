@@ -64,9 +64,20 @@ def _verdict(e: Estimate) -> str:
 
 
 def _difference_verdict(d: Estimate) -> str:
-    """A difference of two arms' gains, read over the training seeds both arms have."""
-    seeds = "the 1 seed both arms have" if d.seeds == 1 else f"the {d.seeds} seeds both arms have"
-    return f"{'shown' if d.shown else 'no difference detectable'} (over {seeds})"
+    """A difference of two arms' gains, read over the training seeds both arms have (said, since an arm with
+    fewer seeds limits it), with the same correction for the table's comparisons as a cell."""
+    if d.seeds == 1:
+        over = "; over the one seed both arms have: tasks and rollouts only, not training seeds"
+    else:
+        over = f" (over the {d.seeds} seeds both arms have)"
+    if not d.shown:
+        return "no difference detectable" + over
+    several = ""
+    if d.comparisons > 1:
+        several = (
+            f", holds for {d.comparisons} comparisons" if d.holds_after else f", not after {d.comparisons} comparisons"
+        )
+    return "shown" + several + over
 
 
 # ------------------------------------------------------------------------------------------- starting rewards
