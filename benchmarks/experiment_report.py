@@ -51,16 +51,18 @@ def _fmt(e: Estimate) -> str:
     return f"{e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
 
 
+def _after_comparisons(e: Estimate) -> str:
+    """Whether a shown estimate survives the Bonferroni correction for the table's comparisons."""
+    if e.comparisons <= 1:  # with one comparison the corrected interval is the interval
+        return ""
+    return f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons"
+
+
 def _verdict(e: Estimate) -> str:
     one_seed = "; one seed: tasks and rollouts only, not training seeds" if e.seeds == 1 else ""
     if not e.shown:
         return "no change detectable" + one_seed
-    several = ""
-    if e.comparisons > 1:  # with one comparison the corrected interval is the interval
-        several = (
-            f", holds for {e.comparisons} comparisons" if e.holds_after else f", not after {e.comparisons} comparisons"
-        )
-    return ("**shown**" if e.value > 0 else "**a loss, shown**") + several + one_seed
+    return ("**shown**" if e.value > 0 else "**a loss, shown**") + _after_comparisons(e) + one_seed
 
 
 def _difference_verdict(d: Estimate) -> str:
@@ -72,12 +74,7 @@ def _difference_verdict(d: Estimate) -> str:
         over = f" (over the {d.seeds} seeds both arms have)"
     if not d.shown:
         return "no difference detectable" + over
-    several = ""
-    if d.comparisons > 1:
-        several = (
-            f", holds for {d.comparisons} comparisons" if d.holds_after else f", not after {d.comparisons} comparisons"
-        )
-    return "shown" + several + over
+    return "shown" + _after_comparisons(d) + over
 
 
 # ------------------------------------------------------------------------------------------- starting rewards
