@@ -162,6 +162,8 @@ def test_the_update_precision_follows_the_cpu_and_a_users_choice_wins(tmp_path):
     amx = choose_update(AVX512.replace("amx_tile", "amx_tile amx_bf16"), gpu=False)
     assert amx.autocast == "bfloat16" and "AMX" in amx.reason
     assert compose(main_job_overrides(run_dir=tmp_path, extra=amx.overrides())).optim.autocast == "bfloat16"
+    bf16 = choose_update(AVX512.replace("avx512bw", "avx512bw avx512_bf16"), gpu=False)  # AMD EPYC: no AMX
+    assert bf16.autocast == "bfloat16" and "AVX512_BF16" in bf16.reason
     for plain in (choose_update(AVX2, gpu=False), choose_update(AVX512, gpu=False), choose_update(AVX2, gpu=True)):
         assert plain.autocast is None
         assert compose(main_job_overrides(run_dir=tmp_path, extra=plain.overrides())).optim.autocast is None
