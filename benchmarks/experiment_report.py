@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from evaluation.evidence import UNTRAINED, EvidenceRow, degenerate_groups, read_rows
+from evaluation.evidence import UNTRAINED, EvidenceRow, degenerate_groups, groups_with_signal, read_rows
 from evaluation.gains import Estimate, difference, gain
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def starting_signal_block(rows: list[EvidenceRow]) -> str:
         for r in rs:
             groups[r.task_id].append(r.reward)
         sizes = sorted({len(g) for g in groups.values()})
-        differ = sum(max(g) != min(g) for g in groups.values())
+        differ = groups_with_signal(groups)
         shares = " / ".join(f"{np.mean([r.reward == v for r in rs]):.0%}" for v in (0.0, 0.5, 1.0))
         lines.append(
             f"| {suite} | {harness} | {len(groups)} x {'/'.join(map(str, sizes))} | "

@@ -31,8 +31,16 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.transfer_matrix import HARNESS_OPTIONS
+from clawgym_env.interfaces import ClosableEngine
 from evaluation import evaluate, make_eval_policy
-from evaluation.evidence import UNTRAINED, EvidenceRow, publish_rows, rows_from_report, write_rows
+from evaluation.evidence import (
+    UNTRAINED,
+    EvidenceRow,
+    groups_with_signal,
+    publish_rows,
+    rows_from_report,
+    write_rows,
+)
 from evaluation.report import EvalReport
 
 # The learning recipe's limits (trainers/main_job.py, MAIN_OVERRIDES), as env options.
@@ -43,9 +51,9 @@ SIGNAL_EXPERIMENT = "starting_signal"  # sampled groups, K rollouts per task
 TRAINING_TEMPERATURE = 1.0  # trainers/conf/algorithm/grpo.yaml: the temperature a GRPO group is sampled at
 
 
-def groups_with_signal(rewards_by_task: dict[str, list[float]]) -> int:
-    """How many tasks' groups have rewards that differ: the only groups GRPO's advantages are non-zero for."""
-    return sum(max(rs) != min(rs) for rs in rewards_by_task.values() if len(rs) > 1)
+def experiment_for(samples: int) -> str:
+    """Where a run's rows are stored: greedy starts and sampled groups are separate experiments."""
+    return EXPERIMENT if samples == 1 else SIGNAL_EXPERIMENT
 
 
 def summary_row(harness: str, report: EvalReport) -> dict[str, object]:
@@ -104,14 +112,13 @@ def starting_rewards(
                 progress=False,
             )
             if evidence is not None:
-                experiment = EXPERIMENT if samples == 1 else SIGNAL_EXPERIMENT
-                fields = {"experiment": experiment, "arm": UNTRAINED, "phase": "before", "seed": 0}
+                fields = {"experiment": experiment_for(samples), "arm": UNTRAINED, "phase": "before", "seed": 0}
                 evidence += rows_from_report(report, **fields, commit=report.commit or "unknown")
             rows.append(summary_row(harness, report))
     finally:
-        close = getattr(getattr(policy, "engine", None), "close", None)
-        if close is not None:  # an in-process vLLM engine stops its core process
-            close()
+        served = getattr(policy, "engine", None)  # scripted policies have none
+        if isinstance(served, ClosableEngine):  # an in-process vLLM engine stops its core process
+            served.close()
     return rows
 
 
@@ -147,8 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     )
     write_rows(args.out / "evidence.jsonl.gz", evidence)
     if args.publish is not None:
-        experiment = EXPERIMENT if args.samples == 1 else SIGNAL_EXPERIMENT
-        publish_rows(args.publish / f"{experiment}.jsonl.gz", evidence)
+        publish_rows(args.publish / f"{experiment_for(args.samples)}.jsonl.gz", evidence)
     sampling = "greedy, 1 rollout/task" if args.samples == 1 else f"{args.samples} rollouts/task at T=1"
     table = Table(title=f"starting rewards: {args.model}, {args.suite} level {args.level}, {sampling}")
     for column in ("harness", "mean reward", "successes", "groups with signal", "failed", "wall s", "failure reasons"):

@@ -209,6 +209,11 @@ def read_rows(path: str | Path) -> list[EvidenceRow]:
         return [EvidenceRow.model_validate(json.loads(line)) for line in f if line.strip()]
 
 
+def groups_with_signal(rewards_by_task: dict[str, list[float]]) -> int:
+    """How many tasks' groups have rewards that differ: the only groups GRPO's advantages are non-zero for."""
+    return sum(max(rs) != min(rs) for rs in rewards_by_task.values() if len(rs) > 1)
+
+
 def degenerate_groups(rows: Iterable[EvidenceRow]) -> dict[str, tuple[int, int]]:
     """Per arm: (GRPO groups whose rewards were all equal, all groups) over its training rows.
     A group is one (seed, step, harness, task) of phase "train"."""

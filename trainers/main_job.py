@@ -283,10 +283,10 @@ def render_report(report: dict[str, Any]) -> Table:
     table.add_row("weight sync to the engine (share of step time)", f"{sync['seconds']:.1f} s ({share})")
     rss = report.get("peak_rss_mb")
     if rss:
-        when = f" (main's reached by {rss['main_process_reached_by']}" if rss.get("main_process_reached_by") else ""
-        if when and rss.get("main_process_file_backed") is not None:
-            when += f"; {rss['main_process_file_backed']:.0f} MB of it mapped files: the weights, libraries"
-        when += ")" if when else ""
+        notes = [f"main's reached by {rss['main_process_reached_by']}"] if rss.get("main_process_reached_by") else []
+        if notes and rss.get("main_process_file_backed") is not None:
+            notes.append(f"{rss['main_process_file_backed']:.0f} MB of it mapped files: the weights, libraries")
+        when = f" ({'; '.join(notes)})" if notes else ""
         table.add_row(
             "peak RSS: main process / whole process tree",
             f"{rss['main_process']:.0f} / {rss['process_tree']:.0f} MB{when}",
