@@ -21,6 +21,7 @@ machine). vLLM starts worker processes, so scripts that build this engine must d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -70,6 +71,22 @@ def device_defaults(cpu: bool) -> dict[str, Any]:
 # x 64 dims x 2 bytes), so ~87k tokens: one request at its full 32k context (vLLM refuses to start otherwise)
 # plus 8 concurrent 2k-token rollouts. Pass `kv_cache_memory_bytes` for other models (tests use 64 MiB).
 CPU_KV_CACHE_BYTES = 1024 * 1024 * 1024
+
+
+@contextlib.contextmanager
+def engine_process_env(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables while vLLM starts its processes (they copy the environment then), and
+    restore this process's afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def vllm_available() -> bool:
@@ -254,8 +271,12 @@ class VLLMEngine:
         max_model_len: int | None = None,
         stop_token_ids: Iterable[int] = (),
         policy_version: int = 0,
+        cpu_omp_bind: str | None = None,
         **engine_kwargs: Any,
     ) -> None:
+        """`cpu_omp_bind` (CPU only): the cores vLLM's worker runs its OpenMP threads on, e.g. "0-1"
+        (`VLLM_CPU_OMP_THREADS_BIND` for the engine's processes); None keeps vLLM's automatic binding, which
+        leaves one core to its scheduler: on a 2-core machine the model then runs on one core."""
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
@@ -283,7 +304,8 @@ class VLLMEngine:
         self._engine_loop = EngineLoop("clawgym-vllm")
 
         async def start() -> Any:
-            return AsyncLLM.from_engine_args(args)
+            with engine_process_env({"VLLM_CPU_OMP_THREADS_BIND": cpu_omp_bind} if cpu_omp_bind else {}):
+                return AsyncLLM.from_engine_args(args)
 
         try:
             self.llm = self._engine_loop.run(start())

@@ -5,6 +5,7 @@ live test runs on the module's event loop, where vLLM's output handler lives.
 """
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -33,6 +34,8 @@ LOGPROB_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
 KV_BYTES = 64 * 2**20  # tiny-qwen3-h64 needs 1 KiB of float32 KV per token: 64k tokens
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason=VLLM_MISSING)
+
+ALL_CORES = f"0-{os.cpu_count() - 1}"
 
 
 def test_sampling_maps_to_vllm_token_only_params():
@@ -68,7 +71,11 @@ def test_missing_vllm_says_how_to_install():
 # ------------------------------------------------------------------------------------------- live vLLM
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    eng = VLLMEngine(MODEL, dtype="float32", max_model_len=1024, seed=0, kv_cache_memory_bytes=KV_BYTES)
+    # every core for the model's threads (the option the main job's benchmark compares with vLLM's automatic
+    # binding, which every other vLLM test here keeps)
+    eng = VLLMEngine(
+        MODEL, dtype="float32", max_model_len=1024, seed=0, kv_cache_memory_bytes=KV_BYTES, cpu_omp_bind=ALL_CORES
+    )
     yield eng
     eng.close()
 
@@ -91,6 +98,19 @@ def teacher_forced(model, prompt: list[int], ids: list[int]) -> list[float]:
 def max_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b) > 0
     return max(abs(x - y) for x, y in zip(a, b))
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.asyncio(loop_scope="module")
+async def test_cpu_omp_bind_reaches_the_engine_process_only(engine):
+    """The binding is set for vLLM's processes as they start, not left in the caller's environment (the
+    harnesses and the trainer started later must not inherit it)."""
+    import psutil
+
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    children = [p.environ().get("VLLM_CPU_OMP_THREADS_BIND") for p in psutil.Process().children(recursive=True)]
+    assert ALL_CORES in children
 
 
 @pytest.mark.vllm

@@ -192,3 +192,18 @@ def test_eval_concurrency_benchmark_refuses_bad_input():
 
     with pytest.raises(SystemExit):
         eval_concurrency(["--concurrency", "0"])
+    with pytest.raises(SystemExit):  # the binding is vLLM's; the quick check runs the transformers engine
+        eval_concurrency(["--quick", "--omp-bind", "0-1"])
+
+
+def test_eval_concurrency_summary_keeps_each_binding_apart():
+    """A setting is (vLLM binding, concurrency): the medians and the speed-up never mix two bindings."""
+    from benchmarks.eval_concurrency import setting, summarize
+
+    def row(bind: str, seconds: float) -> dict:
+        return {"bind": bind, "concurrency": 8, "seconds": seconds, "rollouts": 32, "reward": 0.5, "failed": 0}
+
+    summary = summarize([row("auto", 90), row("0-1", 60), row("auto", 100), row("0-1", 70)])
+    assert [(s["bind"], s["median_s"]) for s in summary] == [("auto", 95), ("0-1", 65)]
+    assert summary[1]["speedup"] == pytest.approx(95 / 65)
+    assert setting(summary[1]) == "8 rollouts at once, vLLM threads on cores 0-1"
