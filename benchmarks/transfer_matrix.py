@@ -126,6 +126,7 @@ class MatrixSettings(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: list(DEFAULT_SEEDS))
     transfer_suites: list[str] = Field(default_factory=lambda: list(TRANSFER_SUITES))  # never trained on
     quick: bool = False
+    skip_untrained: bool = False  # evaluate trained policies only; untrained ones are read back from the cache
     overrides: list[str] = Field(default_factory=list)  # extra Hydra overrides for every arm
 
 
@@ -489,7 +490,9 @@ def run_matrix(
             from trainers.main import compose
 
             base_cfg = compose(arm_overrides(settings.arms[0], seed, out / "train" / "untrained", settings))
-        untrained = _evaluate(base_cfg, None, seed, UNTRAINED, out, settings, cache, report, plan_only)
+        untrained = _evaluate(
+            base_cfg, None, seed, UNTRAINED, out, settings, cache, report, plan_only or settings.skip_untrained
+        )
         for (suite, h), found in untrained.items():
             if found is not None:
                 evidence += _rows(found, UNTRAINED, "before", seed, None, out)
@@ -607,6 +610,12 @@ def main(argv: list[str] | None = None) -> MatrixReport:
     )
     parser.add_argument("--quick", action="store_true", help="tiny random model, 1 step, 1 task (plumbing check)")
     parser.add_argument("--plan", action="store_true", help="run nothing: show what is done and what is left")
+    parser.add_argument(
+        "--skip-untrained",
+        action="store_true",
+        help="evaluate the trained policies only: with --publish they pair by seed with the untrained rows "
+        "already published (untrained evaluations in the cache are still read back)",
+    )
     parser.add_argument("--publish", type=Path, help="merge the evidence into DIR/transfer_matrix.jsonl.gz")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
@@ -616,6 +625,7 @@ def main(argv: list[str] | None = None) -> MatrixReport:
         seeds=args.seeds,
         transfer_suites=args.transfer_suites,
         quick=args.quick,
+        skip_untrained=args.skip_untrained,
         overrides=args.overrides,
     )
     report = run_matrix(settings, args.out, plan_only=args.plan, publish=args.publish)

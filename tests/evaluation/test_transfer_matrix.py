@@ -5,6 +5,7 @@ JSON, plot and evidence file, and a rerun that trains and evaluates nothing agai
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -239,3 +240,17 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert list(plan.cells) == [UNTRAINED, *ARMS]
     assert {a: row for a, row in means(plan).items() if a in first.cells} == means(first)
     assert plan.cells["Pi"]["WhiteBox"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
+
+    # --skip-untrained: a trained policy evaluated anew (another output folder, same training runs) pairs with
+    # the untrained rows already published; no untrained evaluation runs, and the published ones stay
+    second = tmp_path / "m2"
+    shutil.copytree(out / "train", second / "train")
+    published = tmp_path / "published" / "transfer_matrix.jsonl.gz"
+    before = [r for r in read_rows(published) if r.phase == "before"]
+    only = ["--quick", "--out", str(second), "--arms", "WhiteBox", "--seeds", "0", "--eval-harnesses", "WhiteBox"]
+    skipped = main([*only, "--transfer-suites", "--skip-untrained", "--publish", str(tmp_path / "published")])
+    assert skipped.evaluations_measured == 1 and not any(r.trained_now for r in skipped.training)
+    assert not [r for r in read_rows(second / "evidence.jsonl.gz") if r.phase == "before"]
+    assert [r for r in read_rows(published) if r.phase == "before"] == before
+    new_after = [r for r in read_rows(second / "evidence.jsonl.gz") if r.phase == "after"]
+    assert len(new_after) == 1 and new_after[0] in read_rows(published)
