@@ -50,8 +50,7 @@ def measure(
     rows: list[dict[str, Any]] = []
     for round_ in range(rounds):
         for bind in binds or ["auto"]:
-            option = [] if bind == "auto" else [f"+engine.options.cpu_omp_bind={bind}"]
-            rows += measure_one_engine(concurrencies, round_, bind, out, quick, list(extra or []) + option)
+            rows += measure_one_engine(concurrencies, round_, bind, out, quick, list(extra or []))
     return rows
 
 
@@ -65,6 +64,10 @@ def measure_one_engine(
     from trainers.model import load_model
 
     engine_choice, engine_overrides = pick_engine(quick, extra)
+    if engine_choice.kind == "vllm":  # `++`: replaces a binding the main job's engine choice may have set
+        extra = extra + [f"++engine.options.cpu_omp_bind={'null' if bind == 'auto' else bind}"]
+    elif bind != "auto":
+        raise ValueError(f"--omp-bind {bind} needs the vLLM engine; this run uses {engine_choice.kind}")
     cfg = compose(main_job_overrides(quick=quick, run_dir=out, extra=engine_overrides + extra))
     model, tokenizer = load_model(cfg.model.name, seed=cfg.model.seed)
     side = build_rollout_side(cfg, model, tokenizer, out)  # the main job's engine, proxy, envs and tasks

@@ -6,7 +6,11 @@ checkpoint in bfloat16 through oneDNN and decodes ~2.4x faster than the transfor
 "Measured here"). On an AVX2-only CPU vLLM's bfloat16 linear layers fall back to plain torch ("Failed to
 create oneDNN linear") and the main job's rollouts were slower on vLLM than on the transformers engine
 (issue #33's runs on an AMD EPYC), so there the transformers engine runs, in float32 like the trainer. A GPU
-gets vLLM with its own dtype choice. A user's `engine=...` override always wins; the run's summary says what
+gets vLLM with its own dtype choice. On a 2-core machine vLLM's own binding runs the model on one core (it keeps
+the other for its scheduler); there the main job gives vLLM's threads both cores and evaluates 16 held-out
+rollouts at once, which side by side evaluated faster than vLLM's binding with 8 (`benchmarks.eval_concurrency
+--concurrency 8 16 --omp-bind auto 0-1`, the README's benchmark table; at 8 at once the binding made no
+difference detectable). A user's `engine=...` override always wins; the run's summary says what
 was picked and why (`report.json`, "engine").
 
 The main job's update (the trainer's forward and backward) runs under bfloat16 autocast on a CPU with AMX,
@@ -33,6 +37,8 @@ class EngineChoice(BaseModel):
     kind: str  # an engine config group: transformers | vllm | vllm_server | remote
     dtype: str
     reason: str
+    cpu_omp_bind: str | None = None  # vLLM on CPU: the cores its threads run on (None: vLLM's own binding)
+    eval_concurrency: int | None = None  # held-out rollouts at once, where the binding changes what is fastest
     cpu: str = "unknown"
     avx512: bool = False
     gpu: bool = False
@@ -41,7 +47,12 @@ class EngineChoice(BaseModel):
         """Hydra overrides that select this engine (nothing for the config's default, the transformers engine)."""
         if self.kind == "transformers":
             return []
-        return ["engine=vllm", f"+engine.options.dtype={self.dtype}"]
+        out = ["engine=vllm", f"+engine.options.dtype={self.dtype}"]
+        if self.cpu_omp_bind:
+            out.append(f"+engine.options.cpu_omp_bind={self.cpu_omp_bind}")
+        if self.eval_concurrency:
+            out.append(f"eval.concurrency={self.eval_concurrency}")
+        return out
 
 
 def cpu_facts(cpuinfo: str | None = None) -> tuple[str, set[str]]:
@@ -68,7 +79,11 @@ def cpu_summary(cpuinfo: str | None = None) -> str:
 
 
 def choose_engine(
-    cpuinfo: str | None = None, *, vllm_installed: bool | None = None, gpu: bool | None = None
+    cpuinfo: str | None = None,
+    *,
+    vllm_installed: bool | None = None,
+    gpu: bool | None = None,
+    cores: int | None = None,
 ) -> EngineChoice:
     """The main job's engine for this machine (arguments override what is detected, for tests)."""
     if vllm_installed is None:
@@ -84,6 +99,17 @@ def choose_engine(
         return EngineChoice(kind="transformers", dtype="float32", reason="vLLM is not installed", **facts)
     if gpu:
         return EngineChoice(kind="vllm", dtype="auto", reason="a GPU: vLLM with its own dtype", **facts)
+    if avx512 and (cores or os.cpu_count() or 1) <= 2:
+        return EngineChoice(
+            kind="vllm",
+            dtype="bfloat16",
+            cpu_omp_bind="0-1",
+            eval_concurrency=16,
+            reason="AVX-512: vLLM's oneDNN bfloat16 kernels decode faster than the transformers engine "
+            "(docs/engines.md); on 2 cores its threads on both and 16 held-out rollouts at once evaluated "
+            "faster side by side than its own binding (one core) with 8 (benchmarks.eval_concurrency)",
+            **facts,
+        )
     if avx512:
         return EngineChoice(
             kind="vllm",

@@ -30,7 +30,8 @@ from trainers.process_memory import TreeSampler, main_process_peak_mb, peak_row,
 # and write the answer; the 0.5B model otherwise writes the file again and again), capped rollouts
 # verified rather than failed; held-out reward on 16 tasks x 2 rollouts (32, so its noise is small), 8 at
 # once as a training step runs them (the machine's default allows 4 here; side by side 8 evaluated faster with
-# no failures: `benchmarks.eval_concurrency`, the README's benchmark table).
+# no failures: `benchmarks.eval_concurrency`, results log), 16 where the engine choice gives vLLM both cores of
+# a 2-core machine (trainers/engine_choice.py).
 MAIN_OVERRIDES = [
     "algorithm=grpo",
     "model=qwen2.5-coder-0.5b",

@@ -137,11 +137,15 @@ def test_the_engine_follows_the_cpu_and_a_users_choice_wins(tmp_path):
     from trainers.main_job import pick_engine
 
     assert cpu_facts(AVX2) == ("AMD EPYC 7B13", {"fpu", "sse2", "avx", "avx2", "fma"})
-    fast = choose_engine(AVX512, vllm_installed=True, gpu=False)
+    fast = choose_engine(AVX512, vllm_installed=True, gpu=False, cores=2)
     assert (fast.kind, fast.dtype, fast.avx512) == ("vllm", "bfloat16", True) and "AVX-512" in fast.reason
     cfg = compose(main_job_overrides(run_dir=tmp_path, extra=fast.overrides()))
     assert cfg.engine.kind == "vllm" and cfg.engine.options["dtype"] == "bfloat16"
     assert cfg.engine.options["max_batch_size"] == 16  # the preset's options survive the group switch
+    # 2 cores: vLLM's threads on both (its own binding keeps one for its scheduler), 16 held-out rollouts at once
+    assert (cfg.engine.options["cpu_omp_bind"], cfg.eval.concurrency) == ("0-1", 16)
+    wide = compose(main_job_overrides(run_dir=tmp_path, extra=choose_engine(AVX512, cores=8, gpu=False).overrides()))
+    assert "cpu_omp_bind" not in wide.engine.options and wide.eval.concurrency == 8  # not measured there
     slow = choose_engine(AVX2, vllm_installed=True, gpu=False)
     assert (slow.kind, slow.dtype) == ("transformers", "float32") and "no AVX-512" in slow.reason
     assert compose(main_job_overrides(run_dir=tmp_path, extra=slow.overrides())).engine.kind == "transformers"
