@@ -97,8 +97,8 @@ ROWS = [
     ),
     Row(
         key="eval_concurrency",
-        what="the main job's held-out evaluation, 8 rollouts at once vs 4",
-        command=["-m", "benchmarks.eval_concurrency"],
+        what="the main job's held-out evaluation: vLLM's threads on both cores and 16 rollouts at once vs its own binding and 8",
+        command=["-m", "benchmarks.eval_concurrency", "--concurrency", "8", "16", "--omp-bind", "auto", "0-1"],
         target="faster",
     ),
     Row(
