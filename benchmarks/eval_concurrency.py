@@ -102,10 +102,10 @@ def measure_one_engine(
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Median seconds, rollouts per second and reward per setting (binding, concurrency), in the order first
     measured; the speed-up is the first setting's median seconds over this one's."""
-    order = list(dict.fromkeys((r.get("bind", "auto"), r["concurrency"]) for r in rows))
+    order = list(dict.fromkeys((r["bind"], r["concurrency"]) for r in rows))
     out = []
     for bind, c in order:
-        mine = [r for r in rows if (r.get("bind", "auto"), r["concurrency"]) == (bind, c)]
+        mine = [r for r in rows if (r["bind"], r["concurrency"]) == (bind, c)]
         seconds = statistics.median(r["seconds"] for r in mine)
         out.append(
             {

@@ -99,23 +99,17 @@ def choose_engine(
         return EngineChoice(kind="transformers", dtype="float32", reason="vLLM is not installed", **facts)
     if gpu:
         return EngineChoice(kind="vllm", dtype="auto", reason="a GPU: vLLM with its own dtype", **facts)
-    if avx512 and (cores or os.cpu_count() or 1) <= 2:
+    if avx512:
+        reason = "AVX-512: vLLM's oneDNN bfloat16 kernels decode faster than the transformers engine (docs/engines.md)"
+        if (cores or os.cpu_count() or 1) > 2:  # the binding was measured on 2 cores only
+            return EngineChoice(kind="vllm", dtype="bfloat16", reason=reason, **facts)
         return EngineChoice(
             kind="vllm",
             dtype="bfloat16",
             cpu_omp_bind="0-1",
             eval_concurrency=16,
-            reason="AVX-512: vLLM's oneDNN bfloat16 kernels decode faster than the transformers engine "
-            "(docs/engines.md); on 2 cores its threads on both and 16 held-out rollouts at once evaluated "
-            "faster side by side than its own binding (one core) with 8 (benchmarks.eval_concurrency)",
-            **facts,
-        )
-    if avx512:
-        return EngineChoice(
-            kind="vllm",
-            dtype="bfloat16",
-            reason="AVX-512: vLLM's oneDNN bfloat16 kernels decode faster than the transformers engine "
-            "(docs/engines.md)",
+            reason=reason + "; on 2 cores its threads on both and 16 held-out rollouts at once evaluated faster "
+            "side by side than its own binding (one core) with 8 (benchmarks.eval_concurrency)",
             **facts,
         )
     return EngineChoice(
