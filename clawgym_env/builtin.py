@@ -12,6 +12,8 @@ from clawgym_env.specs import ApiStyle, HarnessSpec, TaskSuite
 BUILTIN_SUITES = {
     "OfficeQA": ("task_suites.officeqa:load", "questions over long statistical bulletins; numeric answers"),
     "JobBench": ("task_suites.jobbench:load", "professional workflows over spreadsheets, databases, documents"),
+    "OfficeQAEasy": ("task_suites.officeqa:load_easy", "OfficeQA level 0 with the bulletin in the instruction"),
+    "JobBenchEasy": ("task_suites.jobbench:load_easy", "JobBench level 0 with the input file in the instruction"),
     "ClawGymBench": ("task_suites.clawgymbench:load", "general workspace tasks in the ClawGym folder format"),
     "PinchBench": ("task_suites.pinchbench:load", "tasks in the PinchBench markdown format"),
 }

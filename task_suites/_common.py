@@ -43,11 +43,11 @@ def split_of(suite: str, key: str) -> str:
     return "test" if int.from_bytes(digest[:8], "big") % TEST_FRACTION_MOD == 0 else "train"
 
 
-def check_args(suite: str, split: str, level: int | None, count: int | None) -> None:
+def check_args(suite: str, split: str, level: int | None, count: int | None, levels: tuple[int, ...] = LEVELS) -> None:
     if split not in SPLITS:
         raise ValueError(f"{suite}: unknown split {split!r}; choose one of {list(SPLITS)}")
-    if level is not None and level not in LEVELS:
-        raise ValueError(f"{suite}: unknown level {level!r}; choose one of {list(LEVELS)} or None for all")
+    if level is not None and level not in levels:
+        raise ValueError(f"{suite}: unknown level {level!r}; choose one of {list(levels)} or None for all")
     if count is not None and count < 0:
         raise ValueError(f"{suite}: count must be >= 0, got {count}")
 
@@ -60,11 +60,12 @@ def generate(
     level: int | None = None,
     seed: int = 0,
     count: int | None = None,
+    levels: tuple[int, ...] = LEVELS,
     max_attempts_per_task: int = 200,
 ) -> list[TaskSpec]:
-    """`count` tasks of `split` (all levels round-robin when `level` is None)."""
-    check_args(suite, split, level, count)
-    levels = LEVELS if level is None else (level,)
+    """`count` tasks of `split` (all of the suite's `levels` round-robin when `level` is None)."""
+    check_args(suite, split, level, count, levels)
+    levels = levels if level is None else (level,)
     if count is None:
         count = DEFAULT_COUNT[split] * len(levels)
     per_level = [count // len(levels) + (1 if i < count % len(levels) else 0) for i in range(len(levels))]

@@ -8,6 +8,10 @@ Categories: spreadsheet, database, documents, images. Level 0: one small file an
 answer.txt, built like ClawGymBench's level 0 (the instruction names the `write` tool; half the reward for
 answer.txt existing, half for the fact); level 1: one larger file and a structured output (JSON or CSV) of
 several facts; level 2: two or three files of different kinds combined into one output.
+
+JobBenchEasy (`load_easy`; the article trains a "JobBench-Easy"): level 0 with the input file shown in the
+instruction as text (a spreadsheet as CSV, a database table by table, a document's paragraphs, an image's
+metadata) and an empty workspace (task_suites.inline says why).
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from pathlib import Path
 
 from clawgym_env.specs import TaskSpec
 from task_suites._common import Draft, fixed_zip, generate
+from task_suites.inline import EASY_LEVELS, inline_workspace
 from verifiers.answer import normalize_text
 from verifiers.files import AnswerMatches, CsvMatches, FileExists, JsonMatches
 from verifiers.rubric import Criterion, RubricVerifier
 
 SUITE = "JobBench"
+EASY_SUITE = "JobBenchEasy"
 DEPARTMENTS = ["Engineering", "Marketing", "Sales", "Finance", "Operations", "Legal"]
 VENDORS = ["Acme Supply", "Globex", "Initech", "Umbrella Services", "Stark Tools", "Wayne Logistics", "Hooli Cloud"]
 PEOPLE = [
@@ -473,3 +479,18 @@ def make(rng: random.Random, level: int) -> Draft:
 def load(split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None) -> list[TaskSpec]:
     """JobBench tasks of one split (see the module docstring for categories and levels)."""
     return generate(SUITE, make, split=split, level=level, seed=seed, count=count)
+
+
+def load_easy(
+    split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None
+) -> list[TaskSpec]:
+    """JobBenchEasy: level 0 with the input file shown in the instruction (task_suites.inline)."""
+    return generate(
+        EASY_SUITE,
+        lambda rng, _: inline_workspace(make(rng, 0)),
+        split=split,
+        level=level,
+        seed=seed,
+        count=count,
+        levels=EASY_LEVELS,
+    )

@@ -11,6 +11,9 @@ that also quote (distracting) figures. All figures are in millions of dollars.
 - level 2: two bulletins of consecutive fiscal years (.txt and .md) plus a debt history CSV; the answer
   needs figures from several documents and several steps.
 Scoring: `match_answer` (relative tolerance, separators, %, currency) on answer.txt.
+
+OfficeQAEasy (`load_easy`): level 0 with the bulletin excerpt quoted in the instruction and an empty
+workspace (task_suites.inline says why), the suite where the 0.5B model gets GRPO signal.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import random
 
 from clawgym_env.specs import TaskSpec
 from task_suites._common import Draft, generate
+from task_suites.inline import EASY_LEVELS, inline_workspace
 from verifiers.files import AnswerMatches, FileChecksVerifier, FileExists
 
 SUITE = "OfficeQA"
+EASY_SUITE = "OfficeQAEasy"
 MONTHS = ["Oct", "Nov", "Dec", "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep"]
 RECEIPTS = {
     "Individual income taxes": 180_000,
@@ -296,3 +301,18 @@ def make(rng: random.Random, level: int) -> Draft:
 def load(split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None) -> list[TaskSpec]:
     """OfficeQA tasks of one split (see the module docstring for the levels)."""
     return generate(SUITE, make, split=split, level=level, seed=seed, count=count)
+
+
+def load_easy(
+    split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None
+) -> list[TaskSpec]:
+    """OfficeQAEasy: level 0 with the bulletin excerpt in the instruction (task_suites.inline)."""
+    return generate(
+        EASY_SUITE,
+        lambda rng, _: inline_workspace(make(rng, 0)),
+        split=split,
+        level=level,
+        seed=seed,
+        count=count,
+        levels=EASY_LEVELS,
+    )

@@ -17,6 +17,12 @@ from task_suites import apply_reference
 SUITE_LOADERS = {name: loader for name, (loader, _) in BUILTIN_SUITES.items()}
 
 SUITES = sorted(SUITE_LOADERS)
+EASY = {"OfficeQAEasy", "JobBenchEasy"}
+"""Level 0 of a document suite with its input file in the instruction (task_suites.inline)."""
+
+
+def levels(name: str) -> set[int]:
+    return {0} if name in EASY else {0, 1, 2}
 
 
 def loader(name):
@@ -53,7 +59,7 @@ def test_same_seed_same_tasks_and_splits_disjoint(name):
     load = loader(name)
     a, b = load("train", seed=3, count=9), load("train", seed=3, count=9)
     assert [fingerprint(t) for t in a] == [fingerprint(t) for t in b]
-    assert len(a) == 9 and {t.metadata["level"] for t in a} == {0, 1, 2}
+    assert len(a) == 9 and {t.metadata["level"] for t in a} == levels(name)
     other_seed = load("train", seed=4, count=9)
     assert [t.instruction for t in other_seed] != [t.instruction for t in a]
     train, test = load("train", seed=0, count=24), load("test", seed=0, count=12)
@@ -62,7 +68,7 @@ def test_same_seed_same_tasks_and_splits_disjoint(name):
     assert len({t.id for t in train + test}) == 36
     for t in train + test:
         md = t.metadata
-        assert md["split"] in ("train", "test") and md["level"] in (0, 1, 2) and md["category"]
+        assert md["split"] in ("train", "test") and md["level"] in levels(name) and md["category"]
         assert md["reference"]["files"] and all(len(c) < 4000 for c in md["reference"]["files"].values())
     assert all(t.metadata["split"] == "test" for t in test)
 
@@ -92,7 +98,7 @@ def test_reference_scores_one_and_no_work_scores_low(name, split, tmp_path):
 def test_levels_counts_and_bad_arguments(name):
     load = loader(name)
     assert {t.metadata["level"] for t in load("train", level=0, count=4)} == {0}
-    assert load("test", level=2, count=0) == []
+    assert load("test", level=max(levels(name)), count=0) == []
     with pytest.raises(ValueError, match="split"):
         load("validation")
     with pytest.raises(ValueError, match="level"):
@@ -107,7 +113,7 @@ def test_registered_as_lead_does(name):
 
 
 def test_level0_is_one_small_file_and_a_short_instruction():
-    for name in SUITES:
+    for name in set(SUITES) - set(EASY):
         for task in loader(name)("train", level=0, count=4):
             files = task.workspace.files or {}
             if task.workspace.directory is not None:
@@ -123,7 +129,14 @@ def test_suite_modules_expose_load():
 
 
 @pytest.mark.parametrize(
-    ("name", "file_criterion"), [("ClawGymBench", "exists"), ("OfficeQA", "exists"), ("JobBench", "answer_written")]
+    ("name", "file_criterion"),
+    [
+        ("ClawGymBench", "exists"),
+        ("OfficeQA", "exists"),
+        ("JobBench", "answer_written"),
+        ("OfficeQAEasy", "exists"),
+        ("JobBenchEasy", "answer_written"),
+    ],
 )
 def test_level0_gives_half_credit_for_the_right_file(name, file_criterion, tmp_path):
     """The asked-for file with the wrong content scores 0.5: GRPO gets a signal before the content is right."""
@@ -135,6 +148,19 @@ def test_level0_gives_half_credit_for_the_right_file(name, file_criterion, tmp_p
         result = asyncio.run(score(task, ws))
         assert result.error is None and result.reward == 0.5, (task.id, result.explanation)
         assert file_criterion in result.subscores, result.subscores
+
+
+@pytest.mark.parametrize("name", sorted(EASY))
+def test_easy_suite_is_level0_with_its_file_in_the_instruction(name):
+    """An Easy task has an empty workspace and every input file quoted before level 0's question (the
+    instruction's end is the level-0 draft's: tests/suites/test_inline.py); the quote holds the fact."""
+    for task in loader(name)("test", count=8):
+        assert not task.workspace.files and task.workspace.directory is None, task.id
+        quoted, question = task.instruction.rsplit("```\n\n", 1)
+        assert quoted.startswith("Content of ") and "write tool" in question, task.instruction
+        answer = task.metadata["reference"]["files"]["answer.txt"].strip()
+        if task.metadata["category"] in ("lookup", "images", "documents"):  # read off the file, not computed
+            assert answer in quoted.replace(",", "") or answer in quoted, (task.id, answer)
 
 
 def test_reference_is_written_with_the_sandbox_seeding_checks(tmp_path):
