@@ -301,6 +301,29 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
     }
 
 
+def other_suites_block(results: Path) -> str:
+    """Arms trained on a suite other than ClawGymBench (`transfer_matrix --suite S`, one file per suite)."""
+    command = (
+        "python -m benchmarks.transfer_matrix --suite OfficeQAEasy --arms ClaudeCode --eval-harnesses ClaudeCode "
+        "--transfer-suites --publish docs/results -- engine=vllm"
+    )
+    parts = []
+    for path in sorted(results.glob("transfer_matrix_*.jsonl.gz")):
+        suite = path.name.removeprefix("transfer_matrix_").removesuffix(".jsonl.gz")
+        m = Matrix(read_rows(path), suite)
+        seeds = sorted({r.seed for r in m.rows if r.phase != "train"})
+        parts += [
+            f"{suite} (level 0; {m.comparisons} cells), from `docs/results/{path.name}` ({len(m.rows)} rollouts, "
+            f"seeds {seeds}):",
+            "",
+            m.table(),
+            m.budgets(),
+        ]
+    if not parts:
+        return f"No stored run yet: `{command}`.\n"
+    return "\n".join(parts) + f"\nMade by `{command}` (with that file's suite and arms).\n"
+
+
 def async_training_block(results: Path) -> str:
     """benchmarks.async_training's arms side by side, from its two stored files."""
     from benchmarks.async_training import arm_summaries, read_timings
@@ -417,6 +440,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
         "starting-signal": starting_signal_block(_load("starting_signal", results)),
         **matrix_blocks(_load("transfer_matrix", results)),
+        "other-suites": other_suites_block(results),
         "async-training": async_training_block(results),
         "proxy-ab": proxy_ab_block(results),
         "readme-benchmarks": readme_table_block(results),

@@ -121,6 +121,7 @@ QUICK = ["steps=1", "env.train_tasks=1", "env.eval_tasks=1", "eval.repeats=1", "
 
 
 class MatrixSettings(BaseModel):
+    suite: str = SUITE  # trained on, and held out from (level 0)
     arms: list[str] = Field(default_factory=lambda: list(DEFAULT_ARMS))
     eval_harnesses: list[str] = Field(default_factory=lambda: list(DEFAULT_EVAL_HARNESSES))
     seeds: list[int] = Field(default_factory=lambda: list(DEFAULT_SEEDS))
@@ -128,6 +129,11 @@ class MatrixSettings(BaseModel):
     quick: bool = False
     skip_untrained: bool = False  # evaluate trained policies only; untrained ones are read back from the cache
     overrides: list[str] = Field(default_factory=list)  # extra Hydra overrides for every arm
+
+    @property
+    def experiment(self) -> str:
+        """The evidence's experiment name (and published file): the matrix's own, or one per other suite."""
+        return EXPERIMENT if self.suite == SUITE else f"{EXPERIMENT}_{self.suite}"
 
 
 class SeedResult(BaseModel):
@@ -190,7 +196,7 @@ class MatrixReport(BaseModel):
 
     def table(self) -> Table:
         table = Table(
-            title=f"{SUITE} transfer matrix: {self.model}, GRPO (PPO where the arm says so); held-out reward before→after "
+            title=f"{self.settings.suite} transfer matrix: {self.model}, GRPO (PPO where the arm says so); held-out reward before→after "
             f"(gain [95 % interval], n=seeds; {self.comparisons} comparisons)"
         )
         table.add_column("trained in", no_wrap=True)
@@ -233,8 +239,7 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
     overrides = main_job_overrides(
         mix=len(harnesses) > 1, whitebox=harnesses == ["WhiteBox"], quick=settings.quick, run_dir=run_dir
     )
-    if harnesses != ["WhiteBox"]:
-        overrides.append("env.ids=[" + ",".join(f"{SUITE}-{h}" for h in harnesses) + "]")
+    overrides.append("env.ids=[" + ",".join(f"{settings.suite}-{h}" for h in harnesses) + "]")
     overrides += [f"env.tasks_per_step={GROUPS_PER_STEP // len(harnesses)}", f"eval.repeats={EVAL_REPEATS}"]
     if arm in VARIANTS:
         overrides += VARIANTS[arm].overrides
@@ -342,7 +347,7 @@ def evaluate_policy(
     reports: dict[tuple[str, str], EvalReport | None] = {}
     policy = LazyPolicy(lambda: build_policy(cfg.model_copy(update={"seed": seed}), checkpoint))
     try:
-        for suite, h in ((s, h) for s in [SUITE, *settings.transfer_suites] for h in settings.eval_harnesses):
+        for suite, h in ((s, h) for s in [settings.suite, *settings.transfer_suites] for h in settings.eval_harnesses):
             env_ids = [f"{suite}-{h}"]
             args = dict(common, env_overrides=evaluation_env_overrides(cfg, env_ids[0], common["env_overrides"]))
             if plan_only:
@@ -412,7 +417,7 @@ def _seed_result(report: EvalReport, harness: str, seed: int) -> SeedResult:
     )
 
 
-def aggregate(cell: Cell, rows: list[EvidenceRow], comparisons: int) -> Cell:
+def aggregate(cell: Cell, rows: list[EvidenceRow], comparisons: int, suite: str = SUITE) -> Cell:
     """Means over the seeds measured; the paired gain and its intervals from the evidence rows."""
     if cell.arm == UNTRAINED:
         cell.before_mean = float(np.mean([r.reward for r in cell.before])) if cell.before else None
@@ -422,12 +427,12 @@ def aggregate(cell: Cell, rows: list[EvidenceRow], comparisons: int) -> Cell:
         return cell
     cell.before_mean = float(np.mean([r.reward for r in cell.before if r.seed in paired]))
     cell.after_mean = float(np.mean([r.reward for r in cell.after if r.seed in paired]))
-    cell.gain = gain(rows, cell.arm, cell.harness, comparisons=comparisons, suite=SUITE)
+    cell.gain = gain(rows, cell.arm, cell.harness, comparisons=comparisons, suite=suite)
     return cell
 
 
 def mixed_vs_single(
-    cells: dict[str, dict[str, Cell]], rows: list[EvidenceRow], comparisons: int
+    cells: dict[str, dict[str, Cell]], rows: list[EvidenceRow], comparisons: int, suite: str = SUITE
 ) -> dict[str, dict[str, Estimate]]:
     """Per mixed arm and each of its harnesses: its gain there minus the single-harness arm's (paired)."""
     out: dict[str, dict[str, Estimate]] = {}
@@ -438,7 +443,7 @@ def mixed_vs_single(
             m, single = cells[mixed].get(h), cells.get(h, {}).get(h)
             if m is None or single is None or m.gain is None or single.gain is None:
                 continue
-            out.setdefault(mixed, {})[h] = difference(rows, mixed, h, h, comparisons=comparisons, suite=SUITE)
+            out.setdefault(mixed, {})[h] = difference(rows, mixed, h, h, comparisons=comparisons, suite=suite)
     return out
 
 
@@ -468,7 +473,9 @@ def run_matrix(
         for arm in settings.arms:
             run_dir = out / "train" / f"{_slug(arm)}-seed{seed}"
             if plan_only and not (run_dir / "summary.json").is_file():
-                evidence += training_rows(run_dir, arm, out)  # an unfinished run: its steps so far, no evaluation
+                evidence += training_rows(
+                    run_dir, arm, settings.experiment
+                )  # an unfinished run: its steps so far, no evaluation
                 continue
             if plan_only:
                 from trainers.main import compose
@@ -477,14 +484,14 @@ def run_matrix(
             else:
                 cfg, record = train_arm(arm, seed, out, settings)
                 report.training.append(record)
-            evidence += training_rows(run_dir, arm, out)
+            evidence += training_rows(run_dir, arm, settings.experiment)
             base_cfg = base_cfg or cfg
             checkpoint = run_dir / "checkpoints" / "latest.pt"
             trained = _evaluate(cfg, checkpoint, seed, f"trained in {arm}", out, settings, cache, report, plan_only)
             for (suite, h), result in trained.items():
                 if result is not None:
-                    evidence += _rows(result, arm, "after", seed, checkpoint, out)
-                    if suite == SUITE:
+                    evidence += _rows(result, settings.experiment, arm, "after", seed, checkpoint, out)
+                    if suite == settings.suite:
                         cells[arm][h].after.append(_seed_result(result, h, seed))
         if base_cfg is None:
             from trainers.main import compose
@@ -495,8 +502,8 @@ def run_matrix(
         )
         for (suite, h), found in untrained.items():
             if found is not None:
-                evidence += _rows(found, UNTRAINED, "before", seed, None, out)
-                if suite != SUITE:
+                evidence += _rows(found, settings.experiment, UNTRAINED, "before", seed, None, out)
+                if suite != settings.suite:
                     continue
                 result = _seed_result(found, h, seed)
                 cells[UNTRAINED][h].before.append(result)
@@ -509,21 +516,23 @@ def run_matrix(
     )
     for row in cells.values():
         for cell in row.values():
-            aggregate(cell, evidence, max(1, report.comparisons))
-    report.mixed_vs_single = mixed_vs_single(cells, evidence, max(1, report.comparisons))
+            aggregate(cell, evidence, max(1, report.comparisons), settings.suite)
+    report.mixed_vs_single = mixed_vs_single(cells, evidence, max(1, report.comparisons), settings.suite)
     report.evidence = str(write_rows(out / "evidence.jsonl.gz", evidence))
     if publish is not None:
-        publish_rows(publish / f"{EXPERIMENT}.jsonl.gz", evidence)  # merged: earlier sessions' rows stay
+        publish_rows(publish / f"{settings.experiment}.jsonl.gz", evidence)  # merged: earlier sessions' rows stay
     report.wall_s = time.perf_counter() - start
     save(report, out)
     return report
 
 
-def _rows(report: EvalReport, arm: str, phase: str, seed: int, checkpoint: Path | None, out: Path) -> list[EvidenceRow]:
+def _rows(
+    report: EvalReport, experiment: str, arm: str, phase: str, seed: int, checkpoint: Path | None, out: Path
+) -> list[EvidenceRow]:
     where = str(checkpoint.relative_to(out)) if checkpoint is not None else None
     return rows_from_report(
         report,
-        experiment=EXPERIMENT,
+        experiment=experiment,
         arm=arm,
         phase=phase,
         seed=seed,
@@ -532,12 +541,12 @@ def _rows(report: EvalReport, arm: str, phase: str, seed: int, checkpoint: Path 
     )
 
 
-def training_rows(run_dir: Path, arm: str, out: Path) -> list[EvidenceRow]:
+def training_rows(run_dir: Path, arm: str, experiment: str = EXPERIMENT) -> list[EvidenceRow]:
     """The arm's training rollouts at one seed (the trainer's rollouts.jsonl), named as the matrix names them."""
     log = run_dir / "rollouts.jsonl"
     if not log.is_file():
         return []
-    return [r.model_copy(update={"experiment": EXPERIMENT, "arm": arm}) for r in read_rows(log)]
+    return [r.model_copy(update={"experiment": experiment, "arm": arm}) for r in read_rows(log)]
 
 
 def _evaluate(
@@ -592,7 +601,9 @@ def plot_matrix(report: MatrixReport, path: Path) -> Path:
         ax.set_xticks(x, arms, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"evaluated in {h}", fontsize=10)
     axes[0][0].set_ylabel("held-out reward gain (95 % interval)")
-    fig.suptitle(f"{SUITE}: GRPO transfer ({report.model}); orange = trained in that harness", fontsize=10)
+    fig.suptitle(
+        f"{report.settings.suite}: GRPO transfer ({report.model}); orange = trained in that harness", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -602,6 +613,12 @@ def plot_matrix(report: MatrixReport, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> MatrixReport:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs") / "transfer-matrix")
+    parser.add_argument(
+        "--suite",
+        default=SUITE,
+        help="the suite every arm trains on and is held out from (level 0); another than "
+        f"{SUITE} publishes to DIR/{EXPERIMENT}_<suite>.jsonl.gz",
+    )
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     parser.add_argument("--eval-harnesses", nargs="+", default=DEFAULT_EVAL_HARNESSES, choices=EVAL_HARNESSES)
     parser.add_argument("--seeds", nargs="+", type=int, default=DEFAULT_SEEDS)
@@ -620,6 +637,7 @@ def main(argv: list[str] | None = None) -> MatrixReport:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args(argv)
     settings = MatrixSettings(
+        suite=args.suite,
         arms=args.arms,
         eval_harnesses=args.eval_harnesses,
         seeds=args.seeds,

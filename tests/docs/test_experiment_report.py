@@ -92,6 +92,22 @@ def test_without_stored_rows_a_block_says_how_to_make_them(tmp_path: Path) -> No
     assert generated["transfer-matrix"].startswith("No stored run yet: `python -m benchmarks.transfer_matrix")
 
 
+def test_an_arm_trained_on_another_suite_gets_its_own_table(tmp_path: Path) -> None:
+    """`transfer_matrix --suite S` publishes transfer_matrix_S.jsonl.gz; its table is computed like the matrix's."""
+    rows = [
+        r.model_copy(update={"experiment": "transfer_matrix_OfficeQAEasy", "suite": "OfficeQAEasy"})
+        for r in _matrix_rows({"WhiteBox": 0.5})
+        if r.suite == "ClawGymBench"
+    ]
+    write_rows(tmp_path / "transfer_matrix_OfficeQAEasy.jsonl.gz", rows)
+    block = blocks(tmp_path)["other-suites"]
+    assert block.startswith("OfficeQAEasy (level 0; 2 cells), from `docs/results/transfer_matrix_OfficeQAEasy")
+    assert "| WhiteBox | 0.750: +0.500 [" in block and "**shown**, holds for 2 comparisons (n=4)" in block
+    assert "| WhiteBox | 4 | 1/1/1/1 | 8 | 0/16 (0%) | 0 (0) | 0.250 |" in block  # its training signal
+    assert blocks(tmp_path)["transfer-matrix"].startswith("No stored run yet")  # the ClawGymBench matrix is apart
+    assert blocks(tmp_path / "empty")["other-suites"].startswith("No stored run yet: `python -m benchmarks.transfer")
+
+
 def test_sampled_starting_groups_count_those_whose_rewards_differ(tmp_path: Path) -> None:
     """Two tasks x 4 rollouts: one group all zero (no GRPO signal), one with a half and a full success."""
     fields = {"experiment": "starting_signal", "arm": "untrained", "phase": "before", "seed": 0}

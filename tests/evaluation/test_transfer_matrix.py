@@ -114,6 +114,10 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         assert cfg.env.harness_options == ({"OpenClaw": {"api_style": "openai-chat"}} if "OpenClaw" in arm else {})
         chat = evaluation_env_overrides(cfg, "PinchBench-OpenClaw", {})["harness_options"]
         assert chat == {"api_style": "openai-chat"} and evaluation_env_overrides(cfg, "PinchBench-Pi", {}) == {}
+    for arm in ("WhiteBox", "ClaudeCode"):  # `--suite`: every arm trains on that suite instead
+        other = MatrixSettings(suite="OfficeQAEasy")
+        assert compose(arm_overrides(arm, 0, tmp_path / "o", other)).env.ids == [f"OfficeQAEasy-{arm}"]
+        assert other.experiment == "transfer_matrix_OfficeQAEasy" and defaults.experiment == "transfer_matrix"
     custom = compose(
         arm_overrides(
             "OpenClaw",
@@ -254,3 +258,18 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert [r for r in read_rows(published) if r.phase == "before"] == before
     new_after = [r for r in read_rows(second / "evidence.jsonl.gz") if r.phase == "after"]
     assert len(new_after) == 1 and new_after[0] in read_rows(published)
+
+
+@pytest.mark.timeout(300)
+def test_quick_matrix_on_another_suite_trains_and_evaluates_there(tmp_path: Path) -> None:
+    """`--suite OfficeQAEasy`: training and the held-out evaluation use that suite, the evidence names it, and
+    it is published to its own file (the ClawGymBench matrix's stays untouched)."""
+    argv = ["--quick", "--suite", "OfficeQAEasy", "--out", str(tmp_path / "m"), "--arms", "WhiteBox", "--seeds", "0"]
+    report = main([*argv, "--eval-harnesses", "WhiteBox", "--transfer-suites", "--publish", str(tmp_path / "pub")])
+    assert report.evaluations_measured == 2 and report.cells["WhiteBox"]["WhiteBox"].gain is not None
+    rows = read_rows(tmp_path / "pub" / "transfer_matrix_OfficeQAEasy.jsonl.gz")
+    assert not (tmp_path / "pub" / "transfer_matrix.jsonl.gz").exists()
+    assert {r.suite for r in rows} == {"OfficeQAEasy"} and {r.experiment for r in rows} == {report.settings.experiment}
+    assert {r.phase for r in rows} == {"train", "before", "after"}
+    assert all(r.task_id.startswith("OfficeQAEasy-") for r in rows)
+    assert "OfficeQAEasy transfer matrix" in (tmp_path / "m" / "matrix.txt").read_text()
