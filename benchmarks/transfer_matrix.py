@@ -4,6 +4,8 @@
     .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --arms OpenClaw --seeds 0   # one arm, one seed
     .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --plan     # what is done, what is left
     .venv/bin/python -m benchmarks.transfer_matrix --quick --out runs/matrix-quick   # tiny model, 1 step (plumbing)
+    .venv/bin/python -m benchmarks.transfer_matrix --suite OfficeQAEasy --arms ClaudeCode --eval-harnesses ClaudeCode \
+        --transfer-suites --out runs/matrix-officeqaeasy   # another suite: its own evidence file and table
 
 Arms (how the policy is trained): the white-box loop, OpenClaw, Claude Code and OpenClaw + Claude Code in one
 batch (the article's), with pi, pi + Claude Code and variants of one arm on request (`VARIANTS`: Claude Code
