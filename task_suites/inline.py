@@ -14,10 +14,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import random
 import sqlite3
+from collections.abc import Callable
 from pathlib import PurePosixPath
 
-from task_suites._common import Draft
+from clawgym_env.specs import TaskSpec
+from task_suites._common import Draft, generate
 
 EASY_LEVELS = (0,)
 """An Easy suite has level 0 only (its tasks are level 0's, inlined)."""
@@ -91,3 +94,23 @@ def inline_workspace(draft: Draft) -> Draft:
         for name, data in sorted(draft.workspace.items())
     )
     return dataclasses.replace(draft, key=f"inline|{draft.key}", instruction=quoted + draft.instruction, workspace={})
+
+
+def easy_tasks(
+    suite: str,
+    make: Callable[[random.Random, int], Draft],
+    split: str,
+    level: int | None,
+    seed: int,
+    count: int | None,
+) -> list[TaskSpec]:
+    """An Easy suite's tasks: its base suite's level-0 drafts (`make(rng, 0)`), inlined."""
+    return generate(
+        suite,
+        lambda rng, _: inline_workspace(make(rng, 0)),
+        split=split,
+        level=level,
+        seed=seed,
+        count=count,
+        levels=EASY_LEVELS,
+    )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clawgym_env.specs import TaskSpec
 from task_suites._common import Draft, fixed_zip, generate
-from task_suites.inline import EASY_LEVELS, inline_workspace
+from task_suites.inline import easy_tasks
 from verifiers.answer import normalize_text
 from verifiers.files import AnswerMatches, CsvMatches, FileExists, JsonMatches
 from verifiers.rubric import Criterion, RubricVerifier
@@ -485,12 +485,4 @@ def load_easy(
     split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None
 ) -> list[TaskSpec]:
     """JobBenchEasy: level 0 with the input file shown in the instruction (task_suites.inline)."""
-    return generate(
-        EASY_SUITE,
-        lambda rng, _: inline_workspace(make(rng, 0)),
-        split=split,
-        level=level,
-        seed=seed,
-        count=count,
-        levels=EASY_LEVELS,
-    )
+    return easy_tasks(EASY_SUITE, make, split, level, seed, count)

@@ -22,7 +22,7 @@ import random
 
 from clawgym_env.specs import TaskSpec
 from task_suites._common import Draft, generate
-from task_suites.inline import EASY_LEVELS, inline_workspace
+from task_suites.inline import easy_tasks
 from verifiers.files import AnswerMatches, FileChecksVerifier, FileExists
 
 SUITE = "OfficeQA"
@@ -307,12 +307,4 @@ def load_easy(
     split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None
 ) -> list[TaskSpec]:
     """OfficeQAEasy: level 0 with the bulletin excerpt in the instruction (task_suites.inline)."""
-    return generate(
-        EASY_SUITE,
-        lambda rng, _: inline_workspace(make(rng, 0)),
-        split=split,
-        level=level,
-        seed=seed,
-        count=count,
-        levels=EASY_LEVELS,
-    )
+    return easy_tasks(EASY_SUITE, make, split, level, seed, count)
