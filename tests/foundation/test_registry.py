@@ -19,7 +19,7 @@ def _task(task_id: str = "t0", **kw) -> TaskSpec:
 
 def test_builtin_pairs_registered_at_import():
     ids = clawgym_env.registry.list()
-    for suite in ("OfficeQA", "JobBench", "ClawGymBench", "PinchBench"):
+    for suite in ("OfficeQA", "JobBench", "ClawGymBench", "PinchBench", "OfficeQAEasy", "JobBenchEasy"):
         for harness in ("ClaudeCode", "OpenClaw", "Codex", "Pi", "WhiteBox"):
             assert f"{suite}-{harness}" in ids
     env = clawgym_env.make("OfficeQA-ClaudeCode")
