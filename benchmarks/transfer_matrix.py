@@ -461,6 +461,10 @@ def run_matrix(
     ]
     if unknown:
         raise ValueError(f"unknown arm or harness {unknown}; arms: {list(ARMS)}, harnesses: {EVAL_HARNESSES}")
+    from clawgym_env import registry
+
+    if settings.suite not in registry.suites:
+        raise ValueError(f"unknown suite {settings.suite!r}; registered suites: {sorted(registry.suites)}")
     if not settings.seeds:
         raise ValueError("at least one seed is needed (four or more for an interval over seeds)")
     out.mkdir(parents=True, exist_ok=True)
@@ -475,9 +479,8 @@ def run_matrix(
         for arm in settings.arms:
             run_dir = out / "train" / f"{_slug(arm)}-seed{seed}"
             if plan_only and not (run_dir / "summary.json").is_file():
-                evidence += training_rows(
-                    run_dir, arm, settings.experiment
-                )  # an unfinished run: its steps so far, no evaluation
+                # an unfinished run: its steps so far, no evaluation
+                evidence += training_rows(run_dir, arm, settings.experiment)
                 continue
             if plan_only:
                 from trainers.main import compose

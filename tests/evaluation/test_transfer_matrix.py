@@ -118,6 +118,8 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         other = MatrixSettings(suite="OfficeQAEasy")
         assert compose(arm_overrides(arm, 0, tmp_path / "o", other)).env.ids == [f"OfficeQAEasy-{arm}"]
         assert other.experiment == "transfer_matrix_OfficeQAEasy" and defaults.experiment == "transfer_matrix"
+    with pytest.raises(ValueError, match="unknown suite 'OfficeQA-Easy'; registered suites: .*OfficeQAEasy"):
+        main(["--suite", "OfficeQA-Easy", "--out", str(tmp_path / "bad"), "--plan"])
     custom = compose(
         arm_overrides(
             "OpenClaw",
