@@ -355,7 +355,7 @@ def evaluate_policy(
             if plan_only:
                 reports[suite, h] = cached_evaluation(env_ids, cache=cache, **args)
                 continue
-            name = f"{_slug(label)}-seed{seed}-{_slug(h)}" + ("" if suite == SUITE else f"-{_slug(suite)}")
+            name = f"{_slug(label)}-seed{seed}-{_slug(h)}" + ("" if suite == settings.suite else f"-{_slug(suite)}")
             run_dir = out / "eval" / name
             reports[suite, h] = evaluate(
                 policy,
