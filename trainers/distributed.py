@@ -9,6 +9,7 @@ the one a single process would make on the whole batch.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -75,3 +76,24 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def shutdown(timeout_s: float = 60.0) -> None:
+    """Leave the process group once every rank is done with it.
+
+    A gloo collective can return on one rank while the other is still finishing it, so a rank that tore the
+    group down right after a barrier could abort its peer ("terminate called without an active exception",
+    seen twice in CI). Each rank therefore first says through the rendezvous store (its own TCP connection,
+    not gloo's) that it has left its last collective, waits until all have, and only then destroys the group.
+    """
+    if not is_distributed():
+        return
+    dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
+    store.add("clawgym/left_collectives", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add("clawgym/left_collectives", 0) < world_size():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank()}: not every rank reached shutdown within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    dist.destroy_process_group()

@@ -330,7 +330,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         last_eval = training_steps(run) or start_eval
         final_eval = run.evaluate("end") if cfg.steps > 0 or last_eval is None else last_eval
         run.summary.update({"steps": run.trainer.step, "eval_start": start_eval, "eval_end": final_eval})
-        return finish(run)
+        summary = finish(run)
+        D.shutdown()  # on success only: a rank that failed cannot join it, and torchrun stops the others
+        return summary
     finally:  # also on an error: vLLM servers the engine started run in their own sessions and would outlive us
         close(run)
 

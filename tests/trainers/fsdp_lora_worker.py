@@ -7,6 +7,7 @@ Writes (rank 0) the checkpoint's format and its model tensors' names and checksu
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from trainers.model import LoraSettings, apply_lora
 
 
 def main(out: str) -> None:
+    faulthandler.enable()  # a rank that aborts prints where each of its threads was
     torch.set_num_threads(1)
     D.init_from_env("gloo")
     model = apply_lora(small_qwen3(seed=0), LoraSettings(enabled=True, r=4))  # its head is tied, as Qwen2.5's
@@ -39,9 +41,7 @@ def main(out: str) -> None:
             "model": {k: float(v.double().sum()) for k, v in state["model"].items()},
         }
         Path(out).write_text(json.dumps(result))
-    if D.is_distributed():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    D.shutdown()  # every rank done with gloo before any tears it down
 
 
 if __name__ == "__main__":

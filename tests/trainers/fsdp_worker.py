@@ -9,6 +9,7 @@ whether rank 0's inference engine received them (version 1, the same tensors).
 from __future__ import annotations
 
 import copy
+import faulthandler
 import json
 import sys
 
@@ -25,6 +26,7 @@ from trainers.tree_forward import decoder_and_head, unwrap
 
 
 def main(out: str) -> None:
+    faulthandler.enable()  # a rank that aborts prints where each of its threads was
     torch.set_num_threads(1)
     D.init_from_env("gloo")
     torch.manual_seed(0)
@@ -85,11 +87,7 @@ def main(out: str) -> None:
         }
         with open(out, "w") as f:
             json.dump(result, f)
-    if D.is_distributed():
-        # every rank finishes before any tears gloo down: a rank destroying the group while the other still
-        # has a connection open aborted with "terminate called without an active exception" (seen in CI)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    D.shutdown()  # every rank done with gloo before any tears it down
 
 
 if __name__ == "__main__":
