@@ -41,8 +41,8 @@ def finished_summary(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
 
 
 def same_config(run_dir: Path, cfg: Any) -> bool:
-    """Whether the run in `run_dir` was started with `cfg` (run dir, display, evaluation concurrency and cache
-    aside: they change how fast a run measures, not what)."""
+    """Whether the run in `run_dir` was started with `cfg` (run dir, display, evaluation concurrency and cache,
+    checkpoint cadence aside: they change how fast a run measures or how much a stop loses, not what)."""
     try:
         done = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
@@ -53,6 +53,8 @@ def same_config(run_dir: Path, cfg: Any) -> bool:
         c.get("logging", {}).pop("progress", None)
         for speed_only in ("concurrency", "cache_dir"):
             c.get("eval", {}).pop(speed_only, None)
+        for cadence in ("every", "keep"):
+            c.get("checkpoint", {}).pop(cadence, None)
     return done == want
 
 

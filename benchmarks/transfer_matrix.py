@@ -25,7 +25,7 @@ the untrained policy to the trained one, paired by seed and task, with a 95 % in
 of cells in the table.
 
 Resuming: a training run whose directory holds a finished summary with the same config is not run again
-(an unfinished one continues from its newest checkpoint), and an evaluation whose key (policy, checkpoint,
+(an unfinished one continues from its newest checkpoint, saved after every step), and an evaluation whose key (policy, checkpoint,
 tasks, seeds, harness) is in `<out>/eval-cache` is read back. So the matrix can be filled over several
 sessions, arm by arm (`--arms`) and seed by seed (`--seeds`); cells not yet run show as "to run".
 Output: <out>/matrix.json, matrix.txt (the table), matrix.png (gains with intervals) and evidence.jsonl.gz.
@@ -254,6 +254,7 @@ def arm_overrides(arm: str, seed: int, run_dir: Path, settings: MatrixSettings, 
         "env.suite_seed=0",
         "eval.at_start=false",
         "checkpoint.resume=auto",
+        "checkpoint.every=1",  # a step can take 17 min here and an adapter checkpoint is 13 MB: a stop loses one step
         "logging.progress=false",
         "logging.tensorboard=false",
         *settings.overrides,

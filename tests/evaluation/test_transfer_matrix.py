@@ -106,7 +106,7 @@ def test_each_arm_trains_through_its_harnesses_on_an_equal_budget(tmp_path: Path
         assert cfg.seed == 3 and cfg.env.suite_seed == 0  # one set of held-out tasks for every seed
         assert cfg.env.eval_tasks * cfg.eval.repeats == 64  # held-out rollouts per evaluation
         assert "qwen2.5-coder-0.5b" in cfg.model.name and cfg.model.lora.enabled  # the learning test's recipe
-        assert cfg.checkpoint.resume == "auto" and not cfg.eval.at_start
+        assert cfg.checkpoint.resume == "auto" and cfg.checkpoint.every == 1 and not cfg.eval.at_start
         assert cfg.algorithm.name == ("ppo" if arm.endswith("-PPO") else "grpo"), arm
         assert cfg.env.extra_groups == (EXTRA_GROUPS if arm.endswith("-DS") else 0), arm  # dynamic sampling
         # OpenClaw speaks the chat API where it trains and in its evaluation column, whatever the arm; the configs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from benchmarks.learning_curve import finished_summary, verdict
 from evaluation.evidence import EvidenceRow
@@ -52,6 +53,12 @@ def test_evaluation_speed_settings_do_not_make_a_finished_run_stale(tmp_path) ->
     cfg = compose(["seed=1", f"run_dir={tmp_path}", "steps=3"])
     (tmp_path / "config.json").write_text(cfg.model_dump_json())
     (tmp_path / "summary.json").write_text(json.dumps({"eval_end": {"eval_reward_mean": 0.5}}))
-    faster = compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "eval.concurrency=3", f"eval.cache_dir={tmp_path}"])
+    faster = compose(faster_overrides(tmp_path))
     assert finished_summary(tmp_path, faster) is not None
+    # how often it saved decides how much a stop loses, not what it trained
+    assert finished_summary(tmp_path, compose([*faster_overrides(tmp_path), "checkpoint.every=1"])) is not None
     assert finished_summary(tmp_path, compose(["seed=1", f"run_dir={tmp_path}", "steps=3", "eval.repeats=4"])) is None
+
+
+def faster_overrides(run_dir: Path) -> list[str]:
+    return ["seed=1", f"run_dir={run_dir}", "steps=3", "eval.concurrency=3", f"eval.cache_dir={run_dir}"]
