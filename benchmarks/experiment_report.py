@@ -266,7 +266,18 @@ class Matrix:
         return found
 
 
-def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
+def own_harness_lines(m: Matrix, what: str = "") -> list[str]:
+    """The README's bullets: each harness an arm trained through alone, evaluated in that same harness."""
+    return [
+        f"- {what}trained and evaluated in {h}: {_fmt(e)}, {_verdict(e)} ({_seeds(e.seeds)})"
+        for (arm, h), e in m.cells.items()
+        if arm == h
+    ]
+
+
+def matrix_blocks(rows: list[EvidenceRow], other_suites: list[str] | None = None) -> dict[str, str]:
+    """The ClawGymBench matrix, its claims and unseen-suite tables, and the README's summary (with
+    `other_suites`' bullets after the matrix's)."""
     command = "python -m benchmarks.transfer_matrix --publish docs/results"
     if not rows:
         empty = f"No stored run yet: `{command}`.\n"
@@ -281,9 +292,10 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
         f"Held-out gain in ClawGymBench level 0 with the 0.5B policy ({m.comparisons} cells, 95 % intervals):",
         "",
     ]
-    for (arm, h), e in m.cells.items():
-        if arm == h:
-            summary.append(f"- trained and evaluated in {h}: {_fmt(e)}, {_verdict(e)} ({_seeds(e.seeds)})")
+    summary += own_harness_lines(m)
+    if other_suites:
+        summary += ["", "Trained and evaluated on one of the article's other suites (its own held-out tasks):", ""]
+        summary += other_suites
     summary += [
         "",
         "The whole matrix and the article's claims point by point: [docs/experiments.md](docs/experiments.md).",
@@ -301,6 +313,14 @@ def matrix_blocks(rows: list[EvidenceRow]) -> dict[str, str]:
     }
 
 
+def other_suite_files(results: Path) -> list[tuple[str, Path]]:
+    """(suite, file) of each `transfer_matrix --suite S` run published in `results`."""
+    return [
+        (path.name.removeprefix("transfer_matrix_").removesuffix(".jsonl.gz"), path)
+        for path in sorted(results.glob("transfer_matrix_*.jsonl.gz"))
+    ]
+
+
 def other_suites_block(results: Path) -> str:
     """Arms trained on a suite other than ClawGymBench (`transfer_matrix --suite S`, one file per suite)."""
     command = (
@@ -308,12 +328,12 @@ def other_suites_block(results: Path) -> str:
         "--transfer-suites --publish docs/results -- engine=vllm"
     )
     parts = []
-    for path in sorted(results.glob("transfer_matrix_*.jsonl.gz")):
-        suite = path.name.removeprefix("transfer_matrix_").removesuffix(".jsonl.gz")
+    for suite, path in other_suite_files(results):
         m = Matrix(read_rows(path), suite)
         seeds = sorted({r.seed for r in m.rows if r.phase != "train"})
         parts += [
-            f"{suite} (level 0; {m.comparisons} cells), from `docs/results/{path.name}` ({len(m.rows)} rollouts, "
+            f"{suite} (level 0; {m.comparisons} cell{'s' if m.comparisons != 1 else ''}), from "
+            f"`docs/results/{path.name}` ({len(m.rows)} rollouts, "
             f"seeds {seeds}):",
             "",
             m.table(),
@@ -439,7 +459,14 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
         "main-job": main_job_block(results),
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
         "starting-signal": starting_signal_block(_load("starting_signal", results)),
-        **matrix_blocks(_load("transfer_matrix", results)),
+        **matrix_blocks(
+            _load("transfer_matrix", results),
+            [
+                line
+                for suite, path in other_suite_files(results)
+                for line in own_harness_lines(Matrix(read_rows(path), suite), f"{suite} level 0, ")
+            ],
+        ),
         "other-suites": other_suites_block(results),
         "async-training": async_training_block(results),
         "proxy-ab": proxy_ab_block(results),

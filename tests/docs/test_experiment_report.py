@@ -106,6 +106,11 @@ def test_an_arm_trained_on_another_suite_gets_its_own_table(tmp_path: Path) -> N
     assert "| WhiteBox | 4 | 1/1/1/1 | 8 | 0/16 (0%) | 0 (0) | 0.250 |" in block  # its training signal
     assert blocks(tmp_path)["transfer-matrix"].startswith("No stored run yet")  # the ClawGymBench matrix is apart
     assert blocks(tmp_path / "empty")["other-suites"].startswith("No stored run yet: `python -m benchmarks.transfer")
+    # with a ClawGymBench matrix too, the README's summary lists the other suite's own-harness cell after its own
+    write_rows(tmp_path / "transfer_matrix.jsonl.gz", _matrix_rows({"WhiteBox": 0.25}))
+    summary = blocks(tmp_path)["readme-summary"]
+    own = summary.index("- trained and evaluated in WhiteBox: +0.250 [")
+    assert own < summary.index("- OfficeQAEasy level 0, trained and evaluated in WhiteBox: +0.500 [")
 
 
 def test_sampled_starting_groups_count_those_whose_rewards_differ(tmp_path: Path) -> None:
