@@ -85,16 +85,15 @@ def file_as_text(name: str, data: str | bytes) -> str:
         raise ValueError(f"cannot show {name} as text: not UTF-8 and no reader for its extension") from exc
 
 
-def inline_workspace(draft: Draft, lead: str = "") -> Draft:
-    """The same task with every input file quoted in the instruction (after `lead`) and an empty workspace."""
+def inline_workspace(draft: Draft) -> Draft:
+    """The same task with every input file quoted in the instruction and an empty workspace."""
     if not isinstance(draft.workspace, dict):
         raise TypeError(f"inline_workspace needs a dict workspace (name -> content), got {type(draft.workspace)}")
     quoted = "".join(
         f"Content of {name} (shown here; the workspace is empty):\n```\n{file_as_text(name, data).rstrip()}\n```\n\n"
         for name, data in sorted(draft.workspace.items())
     )
-    instruction = lead + quoted + draft.instruction
-    return dataclasses.replace(draft, key=f"inline|{draft.key}", instruction=instruction, workspace={})
+    return dataclasses.replace(draft, key=f"inline|{draft.key}", instruction=quoted + draft.instruction, workspace={})
 
 
 def easy_tasks(
@@ -104,12 +103,11 @@ def easy_tasks(
     level: int | None,
     seed: int,
     count: int | None,
-    lead: str = "",
 ) -> list[TaskSpec]:
-    """An Easy suite's tasks: its base suite's level-0 drafts (`make(rng, 0)`), inlined after `lead`."""
+    """An Easy suite's tasks: its base suite's level-0 drafts (`make(rng, 0)`), inlined."""
     return generate(
         suite,
-        lambda rng, _: inline_workspace(make(rng, 0), lead),
+        lambda rng, _: inline_workspace(make(rng, 0)),
         split=split,
         level=level,
         seed=seed,

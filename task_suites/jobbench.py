@@ -481,17 +481,8 @@ def load(split: str = "train", level: int | None = None, seed: int = 0, count: i
     return generate(SUITE, make, split=split, level=level, seed=seed, count=count)
 
 
-EASY_LEAD = (
-    "Write your answer to a new file named answer.txt. The input file is not in the workspace and is not to be "
-    "written: its content is shown below.\n\n"
-)
-"""JobBenchEasy's first line. Without it, the first call wrote to the quoted file's name (photo.png, hr.db, ...)
-in 33 of 64 rollouts sampled through Claude Code and to answer.txt in 8 (docs/results_log, 2026-12-06): level
-0's question starts with that name."""
-
-
 def load_easy(
     split: str = "train", level: int | None = None, seed: int = 0, count: int | None = None
 ) -> list[TaskSpec]:
-    """JobBenchEasy: level 0 with the input file shown in the instruction (task_suites.inline), after EASY_LEAD."""
-    return easy_tasks(EASY_SUITE, make, split, level, seed, count, lead=EASY_LEAD)
+    """JobBenchEasy: level 0 with the input file shown in the instruction (task_suites.inline)."""
+    return easy_tasks(EASY_SUITE, make, split, level, seed, count)

@@ -39,7 +39,5 @@ def test_inline_workspace_quotes_every_file_and_empties_the_workspace():
     assert easy.workspace == {} and easy.key != draft.key and easy.reference == draft.reference
     assert easy.instruction.index("ay") < easy.instruction.index("bee") < easy.instruction.index("What is in a.txt")
     assert easy.instruction.endswith(draft.instruction)
-    led = inline_workspace(draft, lead="Answer in answer.txt.\n\n")
-    assert led.instruction == "Answer in answer.txt.\n\n" + easy.instruction and led.workspace == {}
     with pytest.raises(TypeError, match="dict workspace"):
         inline_workspace(Draft("k", "i", lambda ws: None, None, "c", {}))
