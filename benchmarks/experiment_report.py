@@ -313,28 +313,27 @@ def matrix_blocks(rows: list[EvidenceRow], other_suites: list[str] | None = None
     }
 
 
-def other_suite_files(results: Path) -> list[tuple[str, Path]]:
-    """(suite, file) of each `transfer_matrix --suite S` run published in `results`."""
-    return [
-        (path.name.removeprefix("transfer_matrix_").removesuffix(".jsonl.gz"), path)
-        for path in sorted(results.glob("transfer_matrix_*.jsonl.gz"))
-    ]
+def other_suite_matrices(results: Path) -> list[tuple[Path, Matrix]]:
+    """(file, matrix) of each `transfer_matrix --suite S` run published in `results`, read once per report."""
+    matrices = []
+    for path in sorted(results.glob("transfer_matrix_*.jsonl.gz")):
+        suite = path.name.removeprefix("transfer_matrix_").removesuffix(".jsonl.gz")
+        matrices.append((path, Matrix(read_rows(path), suite)))
+    return matrices
 
 
-def other_suites_block(results: Path) -> str:
+def other_suites_block(others: list[tuple[Path, Matrix]]) -> str:
     """Arms trained on a suite other than ClawGymBench (`transfer_matrix --suite S`, one file per suite)."""
     command = (
         "python -m benchmarks.transfer_matrix --suite OfficeQAEasy --arms ClaudeCode --eval-harnesses ClaudeCode "
         "--transfer-suites --publish docs/results -- engine=vllm"
     )
     parts = []
-    for suite, path in other_suite_files(results):
-        m = Matrix(read_rows(path), suite)
+    for path, m in others:
         seeds = sorted({r.seed for r in m.rows if r.phase != "train"})
         parts += [
-            f"{suite} (level 0; {m.comparisons} cell{'s' if m.comparisons != 1 else ''}), from "
-            f"`docs/results/{path.name}` ({len(m.rows)} rollouts, "
-            f"seeds {seeds}):",
+            f"{m.suite} (level 0; {m.comparisons} cell{'s' if m.comparisons != 1 else ''}), from "
+            f"`docs/results/{path.name}` ({len(m.rows)} rollouts, seeds {seeds}):",
             "",
             m.table(),
             m.budgets(),
@@ -455,19 +454,16 @@ def main_job_block(results: Path) -> str:
 
 # ------------------------------------------------------------------------------------------- the docs
 def blocks(results: Path = RESULTS) -> dict[str, str]:
+    others = other_suite_matrices(results)
     return {
         "main-job": main_job_block(results),
         "starting-rewards": starting_rewards_block(_load("starting_rewards", results)),
         "starting-signal": starting_signal_block(_load("starting_signal", results)),
         **matrix_blocks(
             _load("transfer_matrix", results),
-            [
-                line
-                for suite, path in other_suite_files(results)
-                for line in own_harness_lines(Matrix(read_rows(path), suite), f"{suite} level 0, ")
-            ],
+            [line for _, m in others for line in own_harness_lines(m, f"{m.suite} level 0, ")],
         ),
-        "other-suites": other_suites_block(results),
+        "other-suites": other_suites_block(others),
         "async-training": async_training_block(results),
         "proxy-ab": proxy_ab_block(results),
         "readme-benchmarks": readme_table_block(results),
