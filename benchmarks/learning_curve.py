@@ -40,9 +40,12 @@ def finished_summary(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
     return summary if same_config(run_dir, cfg) and summary.get("eval_end") else None
 
 
+SET_ASIDE = {"logging": ("progress",), "eval": ("concurrency", "cache_dir"), "checkpoint": ("every", "keep")}
+"""Config fields that change how a run is shown, how fast it measures or how much a stop loses, not what it trains."""
+
+
 def same_config(run_dir: Path, cfg: Any) -> bool:
-    """Whether the run in `run_dir` was started with `cfg` (run dir, display, evaluation concurrency and cache,
-    checkpoint cadence aside: they change how fast a run measures or how much a stop loses, not what)."""
+    """Whether the run in `run_dir` was started with `cfg`, its run dir and SET_ASIDE apart."""
     try:
         done = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
@@ -50,11 +53,9 @@ def same_config(run_dir: Path, cfg: Any) -> bool:
     want = json.loads(cfg.model_dump_json())
     for c in (done, want):
         c.pop("run_dir", None)
-        c.get("logging", {}).pop("progress", None)
-        for speed_only in ("concurrency", "cache_dir"):
-            c.get("eval", {}).pop(speed_only, None)
-        for cadence in ("every", "keep"):
-            c.get("checkpoint", {}).pop(cadence, None)
+        for section, fields in SET_ASIDE.items():
+            for field in fields:
+                c.get(section, {}).pop(field, None)
     return done == want
 
 
