@@ -26,8 +26,8 @@ of cells in the table.
 
 Resuming: a training run whose directory holds a finished summary with the same config is not run again
 (an unfinished one continues from its newest checkpoint, saved after every step), and an evaluation whose key
-(policy, checkpoint, tasks, seeds, harness) is in `<out>/eval-cache` is read back. So the matrix can be filled over several
-sessions, arm by arm (`--arms`) and seed by seed (`--seeds`); cells not yet run show as "to run".
+(policy, checkpoint, tasks, seeds, harness) is in `<out>/eval-cache` is read back. So the matrix can be filled
+over several sessions, arm by arm (`--arms`) and seed by seed (`--seeds`); cells not yet run show as "to run".
 Output: <out>/matrix.json, matrix.txt (the table), matrix.png (gains with intervals) and evidence.jsonl.gz.
 """
 
