@@ -88,8 +88,7 @@ def shutdown(timeout_s: float = 60.0) -> None:
     """
     if not is_distributed():
         return
-    dist.barrier()
-    store = dist.distributed_c10d._get_default_store()
+    store = dist.distributed_c10d._get_default_store()  # no public accessor; the one torchrun's rendezvous made
     store.add("clawgym/left_collectives", 1)
     deadline = time.monotonic() + timeout_s
     while store.add("clawgym/left_collectives", 0) < world_size():
