@@ -239,20 +239,24 @@ class Matrix:
                 + "; ".join(f"{m} minus {h} alone, in {h}: {_fmt(d)}, {_difference_verdict(d)}" for m, h, d in mixed)
                 + "."
             )
+        out += [f"{number}. {line}" for number, line in enumerate(self.variant_comparisons(), start=5)]
+        return "\n".join(out) + "\n"
+
+    def variant_comparisons(self) -> list[str]:
+        """Each variant arm (`transfer_matrix.VARIANTS`) against its plain arm, in the harness both train through."""
         from benchmarks.transfer_matrix import ARMS, VARIANTS
 
-        number = 5
+        lines = []
         for arm, v in VARIANTS.items():
             (h,) = ARMS[arm]
             if (arm, h) in self.cells and (v.base, h) in self.cells:
                 d = difference(self.rows, arm, v.base, h, comparisons=self.comparisons, suite=self.suite)
-                out.append(
-                    f"{number}. *{v.claim.format(h=h)}*: {v.name} {_fmt(self.cells[(arm, h)])}, {v.base_name} "
+                lines.append(
+                    f"*{v.claim.format(h=h)}*: {v.name} {_fmt(self.cells[(arm, h)])}, {v.base_name} "
                     f"{_fmt(self.cells[(v.base, h)])}; {v.name} minus {v.base_name} {_fmt(d)}, "
                     f"{_difference_verdict(d)}."
                 )
-                number += 1
-        return "\n".join(out) + "\n"
+        return lines
 
     def mixed(self) -> list[tuple[str, str, Estimate]]:
         found = []
@@ -338,6 +342,9 @@ def other_suites_block(others: list[tuple[Path, Matrix]]) -> str:
             m.table(),
             m.budgets(),
         ]
+        variants = m.variant_comparisons()  # a dynamic-sampling or PPO arm against its plain arm
+        if variants:
+            parts += [f"- {line}" for line in variants] + [""]
     if not parts:
         return f"No stored run yet: `{command}`.\n"
     return "\n".join(parts) + f"\nMade by `{command}` (with that file's suite and arms).\n"

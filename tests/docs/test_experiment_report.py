@@ -205,6 +205,12 @@ def test_dynamic_sampling_is_compared_with_its_plain_arm_and_its_extra_groups_co
     line = next(x for x in generated["transfer-claims"].splitlines() if x.startswith("5. "))
     assert line.startswith("5. *Dynamic sampling gives OpenClaw more to learn from*: dynamic sampling +0.250 [")
     assert "dynamic sampling minus plain GRPO +0.250 [" in line
+    # on another suite the same comparison follows that suite's tables
+    other = [r.model_copy(update={"experiment": "transfer_matrix_JobBenchEasy", "suite": "JobBenchEasy"}) for r in rows]
+    write_rows(tmp_path / "transfer_matrix_JobBenchEasy.jsonl.gz", other)
+    block = blocks(tmp_path)["other-suites"]
+    assert block.index("| OpenClaw-DS | 4 |") < block.index("- *Dynamic sampling gives OpenClaw more to learn from*")
+    assert "dynamic sampling minus plain GRPO +0.250 [" in block
 
 
 def test_proxy_ab_rows_are_kept_per_change() -> None:
