@@ -70,6 +70,9 @@ def test_a_cell_is_the_paired_gain_with_its_interval() -> None:
     flat = aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.25), after=seeds(0.3)), rows[:4] + rows[16:20], 1)
     assert flat.gain.seeds == 1
     assert aggregate(Cell(arm="Pi", harness="Pi", before=seeds(0.1)), rows, 1).text() == "to run"
+    # the trained policy measured but not its untrained pair (another session's cache): said so, not "to run"
+    unpaired = aggregate(Cell(arm="Pi", harness="Pi", after=seeds(0.5, 0.75)), rows, 1)
+    assert unpaired.gain is None and unpaired.text() == "after 0.625 (n=2); untrained to run"
 
 
 def test_mixed_against_single_is_a_paired_difference() -> None:
