@@ -165,8 +165,7 @@ class Cell(BaseModel):
         if self.arm == UNTRAINED:
             return "to run" if self.before_mean is None else f"{self.before_mean:.3f} (n={len(self.before)})"
         if self.gain is None and self.after:  # the trained policy measured, its untrained pair not (yet)
-            after = float(sum(r.reward for r in self.after) / len(self.after))
-            return f"after {after:.3f} (n={len(self.after)}); untrained to run"
+            return f"after {np.mean([r.reward for r in self.after]):.3f} (n={len(self.after)}); untrained to run"
         if self.gain is None:
             return "to run"
         g = self.gain
