@@ -172,4 +172,9 @@ class Runtime:
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            # Closed here, not by the garbage collector: a stopped loop left in a reference cycle was finalized
+            # after its own self-pipe sockets ("Invalid file descriptor: -1"), inside whichever later test
+            # happened to collect it.
+            self._loop.close()
         atexit.unregister(self.close)

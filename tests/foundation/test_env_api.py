@@ -41,6 +41,29 @@ def test_make_runs_on_the_runtime_it_is_given(user_env, tmp_path):
         runtime.close()
 
 
+def test_a_closed_runtime_closes_its_event_loop(tmp_path):
+    """Every evaluation makes Runtimes of its own; one closed without closing its loop left the loop (an epoll
+    fd and a socket pair) to the garbage collector, which finalized it in some later test, sometimes after its
+    own sockets ("Invalid file descriptor: -1" in its __del__)."""
+    import asyncio
+    import gc
+    import warnings
+
+    from clawgym_env.runtime import Runtime
+
+    runtime = Runtime(tmp_path / "run")
+    assert runtime.run(asyncio.sleep(0, result=7)) == 7
+    runtime.close()
+    assert runtime.loop.is_closed()
+    with pytest.raises(RuntimeError, match="closed"):
+        runtime.run(asyncio.sleep(0))
+    del runtime
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert not [w for w in caught if "unclosed event loop" in str(w.message)]
+
+
 def test_reset_is_deterministic_in_the_seed(user_env):
     picks = {user_env.reset(seed=s)[0]["task_id"] for s in range(20)}
     assert len(picks) > 1  # different seeds pick different instances
