@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import importlib
 import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -42,13 +45,7 @@ def test_make_runs_on_the_runtime_it_is_given(user_env, tmp_path):
 
 
 def test_a_closed_runtime_closes_its_event_loop(tmp_path):
-    """Every evaluation makes Runtimes of its own; one closed without closing its loop left the loop (an epoll
-    fd and a socket pair) to the garbage collector, which finalized it in some later test, sometimes after its
-    own sockets ("Invalid file descriptor: -1" in its __del__)."""
-    import asyncio
-    import gc
-    import warnings
-
+    """Every evaluation makes Runtimes of its own: a closed one leaves no loop for a later test's gc pass."""
     from clawgym_env.runtime import Runtime
 
     runtime = Runtime(tmp_path / "run")
