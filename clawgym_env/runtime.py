@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from clawgym_env.interfaces import RolloutProxy, SandboxBackend
+from clawgym_env.loop_thread import LoopThread
 
 T = TypeVar("T")
 
@@ -85,9 +86,7 @@ class Runtime:
         self.proxy_public_url = proxy_public_url
         self.proxy_shards = proxy_shards
         self.failures = FailureCounter()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-runtime", daemon=True)
-        self._thread.start()
+        self._loop_thread = LoopThread("clawgym-runtime")
         self._proxy: RolloutProxy | None = None
         self._proxy_lock = asyncio.Lock()
         self._backends: dict[tuple[str, str], SandboxBackend] = {}
@@ -112,16 +111,12 @@ class Runtime:
         if self._closed:
             coro.close()
             raise RuntimeError("this Runtime is closed; make a new environment")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout)
-        except BaseException:
-            future.cancel()  # KeyboardInterrupt / timeout: the rollout's finally-blocks destroy its sandbox
-            raise
+        # KeyboardInterrupt / timeout cancel it on the loop: the rollout's finally-blocks destroy its sandbox
+        return self._loop_thread.run(coro, "await it on the runtime's loop instead", timeout=timeout)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
+        return self._loop_thread.loop
 
     # ------------------------------------------------------------------ shared parts
     async def proxy(self) -> RolloutProxy:
@@ -165,16 +160,10 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        if self._loop.is_running():
+        if self.loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(self._aclose(), self._loop).result(timeout=60)
+                self._loop_thread.run(self._aclose(), timeout=60)
             except Exception:  # noqa: BLE001 - best effort at exit; the reaper cleans leftovers
                 pass
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            # Closed here, not by the garbage collector: a stopped loop left in a reference cycle was finalized
-            # after its own self-pipe sockets ("Invalid file descriptor: -1"), inside whichever later test
-            # happened to collect it.
-            self._loop.close()
+        self._loop_thread.close()
         atexit.unregister(self.close)

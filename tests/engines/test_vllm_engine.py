@@ -127,7 +127,7 @@ async def test_logprobs_match_teacher_forcing(engine, hf_model, chat_prompt):
 def test_one_engine_serves_one_event_loop_after_another(engine, chat_prompt):
     """An evaluation runs each harness in its own Runtime (its own event loop), all on one engine. vLLM's
     client works only on the loop that started it, so the engine keeps it on a loop of its own
-    (engine_loop.py); before, the second loop found the engine dead (EngineDeadError) or hung."""
+    (clawgym_env/loop_thread.py); before, the second loop found the engine dead (EngineDeadError) or hung."""
     sampling = SamplingParams(max_tokens=6, seed=3)
     first = asyncio.run(engine.generate(chat_prompt, sampling))
 

@@ -1,5 +1,6 @@
-"""EngineLoop: an engine's loop-bound client on a loop of its own, reached from any loop or thread (the real
-engines are covered in test_vllm_engine.py, test_vllm_server.py and tests/evaluation/test_compare.py)."""
+"""LoopThread: a loop on a thread of its own, reached from any loop or thread. Here it holds a test double of an
+engine's loop-bound client; the real engines are covered in test_vllm_engine.py, test_vllm_server.py and
+tests/evaluation/test_compare.py, the Runtime in test_env_api.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from clawgym_env.engines.engine_loop import EngineLoop
+from clawgym_env.loop_thread import LoopThread
 
 
 class OneLoopTestClient:
@@ -44,12 +45,12 @@ class OneLoopTestClient:
 
 @pytest.fixture
 def engine_loop():
-    loop = EngineLoop("test-engine")
+    loop = LoopThread("test-engine")
     yield loop
     loop.close()
 
 
-def test_the_client_never_sees_another_loop(engine_loop: EngineLoop) -> None:
+def test_the_client_never_sees_another_loop(engine_loop: LoopThread) -> None:
     client = OneLoopTestClient()
     for _ in range(2):  # two event loops in turn, as two evaluations' Runtimes
         assert asyncio.run(engine_loop.call(client.generate(3))) == [0, 1, 2]
@@ -64,7 +65,7 @@ def test_the_client_never_sees_another_loop(engine_loop: EngineLoop) -> None:
         asyncio.run(client.generate(1))
 
 
-def test_a_stream_left_early_is_closed_on_the_engines_loop(engine_loop: EngineLoop) -> None:
+def test_a_stream_left_early_is_closed_on_the_engines_loop(engine_loop: LoopThread) -> None:
     client = OneLoopTestClient()
 
     async def first_two() -> list[int]:
@@ -83,7 +84,7 @@ def test_a_stream_left_early_is_closed_on_the_engines_loop(engine_loop: EngineLo
     assert [t.name for t in client.closed_on] == ["test-engine"]
 
 
-def test_errors_reach_the_caller_and_blocking_on_the_loop_is_refused(engine_loop: EngineLoop) -> None:
+def test_errors_reach_the_caller_and_blocking_on_the_loop_is_refused(engine_loop: LoopThread) -> None:
     client = OneLoopTestClient()
 
     async def failing() -> list[int]:
@@ -97,3 +98,26 @@ def test_errors_reach_the_caller_and_blocking_on_the_loop_is_refused(engine_loop
 
     with pytest.raises(RuntimeError, match="await it instead"):
         engine_loop.run(blocks_itself())
+
+
+def test_a_wait_that_ends_early_cancels_the_coroutine_on_the_loop(engine_loop: LoopThread) -> None:
+    """The Runtime relies on this: a rollout whose caller gives up (timeout, Ctrl-C) still runs its
+    finally-blocks on the loop, which destroy its sandbox."""
+    cleaned = threading.Event()
+
+    async def long_rollout() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.set()
+
+    with pytest.raises(TimeoutError):
+        engine_loop.run(long_rollout(), timeout=0.1)
+    assert cleaned.wait(5), "the coroutine was left running on the loop"
+
+
+def test_close_stops_the_thread_and_closes_the_loop() -> None:
+    loop = LoopThread("test-close")
+    loop.close()
+    assert loop.loop.is_closed() and not loop._thread.is_alive()
+    loop.close()  # a second close is a no-op

@@ -1,10 +1,11 @@
-"""A private event loop for an engine whose async client works on one event loop only.
+"""An event loop on a daemon thread of its own, reached from any other loop or thread.
 
-vLLM's AsyncLLM (its output handler and ZMQ sockets) and the server pool's HTTP clients bind to the event
-loop that first uses them; a call from another loop then hangs or finds the engine dead. Yet one engine
-serves many loops in turn: the trainer's `Runtime`, and an evaluation's own `Runtime` per harness. So such
-an engine keeps its client on an `EngineLoop` (a loop on a daemon thread of its own) and every caller, on
-any loop or thread, reaches it through `call`, `stream` or `run`.
+Two parts need one: the `Runtime` (its proxy and sandboxes live on one loop while the trainer's code is
+synchronous) and an engine whose async client works on one event loop only. vLLM's AsyncLLM (its output
+handler and ZMQ sockets) and the server pool's HTTP clients bind to the event loop that first uses them; a
+call from another loop then hangs or finds the engine dead. Yet one engine serves many loops in turn: the
+trainer's `Runtime`, and an evaluation's own `Runtime` per harness. So such an engine keeps its client on a
+`LoopThread` too, and every caller, on any loop or thread, reaches it through `call`, `stream` or `run`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ T = TypeVar("T")
 _END = object()
 
 
-class EngineLoop:
+class LoopThread:
+    """A loop running forever on a daemon thread named `name`, until `close`."""
+
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
@@ -28,27 +31,36 @@ class EngineLoop:
     def on_loop(self) -> bool:
         return threading.current_thread() is self._thread
 
-    def run(self, coro: Coroutine[Any, Any, T], hint: str = "await the async form") -> T:
-        """Blocking: run `coro` on the engine's loop from a thread that is not that loop, and return its result."""
+    def run(self, coro: Coroutine[Any, Any, T], hint: str = "await the async form", timeout: float | None = None) -> T:
+        """Blocking: run `coro` on the loop from a thread that is not that loop, and return its result.
+
+        If waiting ends early (a timeout, KeyboardInterrupt), `coro` is cancelled on the loop, so its
+        finally-blocks (a rollout destroying its sandbox, an engine aborting its request) still run.
+        """
         if self.on_loop():
             coro.close()
-            raise RuntimeError(f"this would block the engine's event loop; {hint}")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            raise RuntimeError(f"this would block the loop's thread; {hint}")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await `coro` on the engine's loop from any loop; cancelling the caller cancels it there."""
+        """Await `coro` on this loop from any loop; cancelling the caller cancels it there."""
         if self.on_loop():
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Start `coro` on the engine's loop and do not wait for it."""
+        """Start `coro` on this loop and do not wait for it."""
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     async def stream(self, make: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
-        """Relay the async iterator `make()` runs on the engine's loop to the caller's loop, item by item.
+        """Relay the async iterator `make()` runs on this loop to the caller's loop, item by item.
 
-        Closing the relay early (or cancelling its consumer) cancels the iterator on the engine's loop, whose
+        Closing the relay early (or cancelling its consumer) cancels the iterator on this loop, whose
         own clean-up (an abort) then runs there.
         """
         if self.on_loop():
@@ -82,14 +94,18 @@ class EngineLoop:
                 elif value is _END:
                     return
                 elif isinstance(value, asyncio.CancelledError):
-                    raise RuntimeError("the engine's stream was cancelled on its own loop (the engine is closing)")
+                    raise RuntimeError("the stream was cancelled on its own loop (its owner is closing)")
                 else:
                     raise value
         finally:
             future.cancel()
 
     def close(self) -> None:
-        """Stop the loop and its thread (after the engine's own shutdown)."""
+        """Stop the loop and its thread (after its owner's own shutdown ran on it), then close the loop.
+
+        Closed here, not by the garbage collector: a stopped loop left in a reference cycle was finalized after
+        its own self-pipe sockets ("Invalid file descriptor: -1"), inside whichever later test collected it.
+        """
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
