@@ -21,6 +21,13 @@ vLLM's CPU default, bfloat16).
 replays real rollouts instead: the first 8 pi rollouts recorded by a main-job run, each call with its
 recorded prompt ids and as many new tokens as it generated then (no stop token), so every engine does
 exactly the same work, the calls of a rollout one after another and the rollouts concurrently.
+
+    .venv/bin/python -m benchmarks.engine_bench --compare-engines --model qwen2.5-coder-0.5b \
+        --replay runs/main-vllm-s0/rollouts/calls.jsonl --vllm-dtype bfloat16 float32 --omp-bind 0-1 --no-server
+
+puts in-process vLLM in each dtype (its threads on cores 0-1, as the main job runs it on 2 cores) beside the
+transformers engine on the same replayed rollouts: what the main job's engine choice rests on for a CPU
+(trainers/engine_choice.py).
 """
 
 from __future__ import annotations
@@ -208,25 +215,37 @@ async def compare_engines(args) -> dict:
     results["transformers_rss_mb"] = tree_rss_mb()
     eng.close()
 
-    for label in ("vllm_cold", "vllm_warm"):  # the second start finds vLLM's caches (.cache/vllm) filled
-        t0 = time.perf_counter()
-        veng = VLLMEngine(args.model, dtype=args.vllm_dtype, max_model_len=max_len, max_num_seqs=args.concurrency)
-        results[f"{label}_start_s"] = time.perf_counter() - t0
-        if label == "vllm_warm":
-            wall, made = await work(veng)
-            results["vllm_wall_s"], results["vllm_tok_s"] = wall, made / wall
-            results["vllm_prefix_cached_prompt_tokens"] = veng.stats.cached_prompt_tokens
-            results["vllm_prompt_tokens"] = veng.stats.prompt_tokens
-            results["vllm_rss_mb"] = tree_rss_mb() - base_rss
-        veng.close()
-        del veng
+    for i, dtype in enumerate(args.vllm_dtype):  # the first dtype's keys are `vllm_*`, a later one's `vllm_<dtype>_*`
+        name = "vllm" if i == 0 else f"vllm_{dtype}"
+        for label in ("cold", "warm"):  # the second start finds vLLM's caches (.cache/vllm) filled
+            t0 = time.perf_counter()
+            veng = VLLMEngine(
+                args.model,
+                dtype=dtype,
+                max_model_len=max_len,
+                max_num_seqs=args.concurrency,
+                cpu_omp_bind=args.omp_bind,
+            )
+            results[f"{name}_{label}_start_s"] = time.perf_counter() - t0
+            if label == "warm":
+                wall, made = await work(veng)
+                results[f"{name}_wall_s"], results[f"{name}_tok_s"] = wall, made / wall
+                results[f"{name}_prefix_cached_prompt_tokens"] = veng.stats.cached_prompt_tokens
+                results[f"{name}_prompt_tokens"] = veng.stats.prompt_tokens
+                results[f"{name}_rss_mb"] = tree_rss_mb() - base_rss
+                results[f"{name}_vs_transformers_tok_s"] = results[f"{name}_tok_s"] / results["transformers_tok_s"]
+            veng.close()
+            del veng
+    if args.no_server:
+        results["load_avg_1min_end"] = psutil.getloadavg()[0]
+        return results
 
     t0 = time.perf_counter()
     pool = await asyncio.to_thread(
         VLLMServerPool.launch,
         args.model,
         1,
-        dtype=args.vllm_dtype,
+        dtype=args.vllm_dtype[0],
         max_model_len=max_len,
         max_batch_size=args.concurrency,
     )
@@ -245,7 +264,6 @@ async def compare_engines(args) -> dict:
         results["server_broadcast_failures"] = pool.stats.broadcast_failures
     finally:
         await pool.aclose()
-    results["vllm_vs_transformers_tok_s"] = results["vllm_tok_s"] / results["transformers_tok_s"]
     results["server_vs_transformers_tok_s"] = results["server_tok_s"] / results["transformers_tok_s"]
     results["load_avg_1min_end"] = psutil.getloadavg()[0]
     return results
@@ -258,7 +276,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--replay", default=None, help="a run's rollouts/calls.jsonl: replay its recorded rollouts")
-    parser.add_argument("--vllm-dtype", default="float32", help="vLLM's dtype (float32 = the trainer's; auto)")
+    parser.add_argument(
+        "--vllm-dtype",
+        nargs="+",
+        default=["float32"],
+        help="in-process vLLM's dtype, or several side by side (float32 = the trainer's; bfloat16; auto); "
+        "the server runs the first",
+    )
+    parser.add_argument("--omp-bind", default=None, help="in-process vLLM's CPU cores, e.g. 0-1 (default: vLLM's own)")
+    parser.add_argument("--no-server", action="store_true", help="in-process engines only (no vLLM server)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument(
         "--compare-engines", action="store_true", help="transformers vs in-process vLLM vs a vLLM server"
@@ -271,14 +297,14 @@ def main() -> None:
     for key, value in results.items():
         print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     print(json.dumps(results))
-    if args.compare_engines:
+    if args.compare_engines and not args.no_server and len(args.vllm_dtype) == 1:  # the README row's shape
         vllm, server = results["vllm_vs_transformers_tok_s"], results["server_vs_transformers_tok_s"]
         workload = "replayed rollouts" if args.replay else f"{args.concurrency} synthetic 4-call rollouts"
         emit(
             "engines",
             vllm,
             f"vLLM in-process {vllm:.2f}x, vLLM server {server:.2f}x the transformers engine's generated tokens/s "
-            f"({args.model}, vLLM dtype {args.vllm_dtype}, {workload})",
+            f"({args.model}, vLLM dtype {args.vllm_dtype[0]}, {workload})",
         )
 
 

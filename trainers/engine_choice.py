@@ -2,16 +2,18 @@
 what this machine supports.
 
 The fastest engine for a 0.5B policy on a CPU depends on the CPU. With AVX-512, vLLM runs the float32
-checkpoint in bfloat16 through oneDNN and decodes ~2.4x faster than the transformers engine (docs/engines.md,
-"Measured here"). On an AVX2-only CPU vLLM's bfloat16 linear layers fall back to plain torch ("Failed to
-create oneDNN linear") and the main job's rollouts were slower on vLLM than on the transformers engine
-(issue #33's runs on an AMD EPYC), so there the transformers engine runs, in float32 like the trainer. A GPU
-gets vLLM with its own dtype choice. On a 2-core machine vLLM's own binding runs the model on one core (it keeps
-the other for its scheduler); there the main job gives vLLM's threads both cores and evaluates 16 held-out
-rollouts at once, which side by side evaluated faster than vLLM's binding with 8 (`benchmarks.eval_concurrency
---concurrency 8 16 --omp-bind auto 0-1`, the README's benchmark table; at 8 at once the binding made no
-difference detectable). A user's `engine=...` override always wins; the run's summary says what
-was picked and why (`report.json`, "engine").
+checkpoint in bfloat16 through oneDNN and decodes faster than the transformers engine (docs/engines.md,
+"Where it stands"). On an AVX2-only CPU vLLM's bfloat16 linear layers fall back to plain torch ("Failed to
+create oneDNN linear") and decode slower than the transformers engine, but vLLM in float32 decodes faster than
+either: side by side on the same replayed main-job rollouts on an AVX2-only AMD EPYC (`benchmarks.engine_bench
+--compare-engines --vllm-dtype bfloat16 float32 --omp-bind 0-1`, docs/engines.md). So vLLM runs everywhere it is
+installed, in bfloat16 with AVX-512 and in float32 without. A GPU gets vLLM with its own dtype choice. On a
+2-core machine vLLM's own binding runs the model on one core (it keeps the other for its scheduler); there the
+main job gives vLLM's threads both cores and evaluates 16 held-out rollouts at once, which side by side
+evaluated faster than vLLM's binding with 8 (`benchmarks.eval_concurrency --concurrency 8 16 --omp-bind auto
+0-1`, the README's benchmark table, measured with AVX-512; at 8 at once the binding made no difference
+detectable). A user's `engine=...` override always wins; the run's summary says what was picked and why
+(`report.json`, "engine").
 
 The main job's update (the trainer's forward and backward) runs under bfloat16 autocast on a CPU with AMX,
 where it was faster than in float32 (`benchmarks.autocast_bench`) and, over 3 seeds, the main job's recipe
@@ -100,23 +102,23 @@ def choose_engine(
     if gpu:
         return EngineChoice(kind="vllm", dtype="auto", reason="a GPU: vLLM with its own dtype", **facts)
     if avx512:
+        dtype = "bfloat16"
         reason = "AVX-512: vLLM's oneDNN bfloat16 kernels decode faster than the transformers engine (docs/engines.md)"
-        if (cores or os.cpu_count() or 1) > 2:  # the binding was measured on 2 cores only
-            return EngineChoice(kind="vllm", dtype="bfloat16", reason=reason, **facts)
-        return EngineChoice(
-            kind="vllm",
-            dtype="bfloat16",
-            cpu_omp_bind="0-1",
-            eval_concurrency=16,
-            reason=reason + "; on 2 cores its threads on both and 16 held-out rollouts at once evaluated faster "
-            "side by side than its own binding (one core) with 8 (benchmarks.eval_concurrency)",
-            **facts,
+    else:
+        dtype = "float32"
+        reason = (
+            "no AVX-512: vLLM's bfloat16 falls back to plain torch linear layers, slower than the transformers "
+            "engine, but vLLM in float32 decoded faster than both side by side (docs/engines.md)"
         )
+    if (cores or os.cpu_count() or 1) > 2:  # the binding was measured on 2 cores only
+        return EngineChoice(kind="vllm", dtype=dtype, reason=reason, **facts)
     return EngineChoice(
-        kind="transformers",
-        dtype="float32",
-        reason="no AVX-512: vLLM's bfloat16 falls back to plain torch linear layers and its rollouts were "
-        "slower than the transformers engine's on such a CPU (docs/engines.md)",
+        kind="vllm",
+        dtype=dtype,
+        cpu_omp_bind="0-1",
+        eval_concurrency=16,
+        reason=reason + "; on 2 cores its threads on both and 16 held-out rollouts at once evaluated faster "
+        "side by side than its own binding (one core) with 8 (benchmarks.eval_concurrency)",
         **facts,
     )
 

@@ -146,9 +146,15 @@ def test_the_engine_follows_the_cpu_and_a_users_choice_wins(tmp_path):
     assert (cfg.engine.options["cpu_omp_bind"], cfg.eval.concurrency) == ("0-1", 16)
     wide = compose(main_job_overrides(run_dir=tmp_path, extra=choose_engine(AVX512, cores=8, gpu=False).overrides()))
     assert "cpu_omp_bind" not in wide.engine.options and wide.eval.concurrency == 8  # not measured there
-    slow = choose_engine(AVX2, vllm_installed=True, gpu=False)
-    assert (slow.kind, slow.dtype) == ("transformers", "float32") and "no AVX-512" in slow.reason
-    assert compose(main_job_overrides(run_dir=tmp_path, extra=slow.overrides())).engine.kind == "transformers"
+    # no AVX-512: vLLM's bfloat16 is slow there, its float32 is not (engine_bench --vllm-dtype bfloat16 float32)
+    plain = choose_engine(AVX2, vllm_installed=True, gpu=False, cores=2)
+    assert (plain.kind, plain.dtype, plain.avx512) == ("vllm", "float32", False) and "no AVX-512" in plain.reason
+    cfg = compose(main_job_overrides(run_dir=tmp_path, extra=plain.overrides()))
+    assert (cfg.engine.kind, cfg.engine.options["dtype"], cfg.engine.options["cpu_omp_bind"]) == (
+        "vllm",
+        "float32",
+        "0-1",
+    )
     assert choose_engine(AVX512, vllm_installed=False, gpu=False).kind == "transformers"
     assert choose_engine(AVX2, vllm_installed=True, gpu=True).kind == "vllm"
     given, extra = pick_engine(False, ["engine=vllm_server", "optim.lr=1e-5"])
