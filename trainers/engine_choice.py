@@ -11,9 +11,9 @@ installed, in bfloat16 with AVX-512 and in float32 without. A GPU gets vLLM with
 2-core machine vLLM's own binding runs the model on one core (it keeps the other for its scheduler); there the
 main job gives vLLM's threads both cores and evaluates 16 held-out rollouts at once, which side by side
 evaluated faster than vLLM's binding with 8 (`benchmarks.eval_concurrency --concurrency 8 16 --omp-bind auto
-0-1`, the README's benchmark table, measured with AVX-512; at 8 at once the binding made no difference
-detectable). A user's `engine=...` override always wins; the run's summary says what was picked and why
-(`report.json`, "engine").
+0-1`: the README's benchmark table, with AVX-512, where at 8 at once the binding made no difference
+detectable; and on the AVX2-only EPYC in float32, results log). A user's `engine=...` override always wins; the
+run's summary says what was picked and why (`report.json`, "engine").
 
 The main job's update (the trainer's forward and backward) runs under bfloat16 autocast on a CPU with AMX,
 where it was faster than in float32 (`benchmarks.autocast_bench`) and, over 3 seeds, the main job's recipe
