@@ -186,7 +186,6 @@ async def compare_engines(args) -> dict:
     import psutil
 
     from clawgym_env.engines.vllm_engine import VLLMEngine
-    from clawgym_env.engines.vllm_server import VLLMServerPool
 
     results: dict = {"model": args.model, "concurrency": args.concurrency, "load_avg_1min": psutil.getloadavg()[0]}
     model, tokenizer = load_policy_model(args.model)
@@ -236,10 +235,19 @@ async def compare_engines(args) -> dict:
                 results[f"{name}_vs_transformers_tok_s"] = results[f"{name}_tok_s"] / results["transformers_tok_s"]
             veng.close()
             del veng
-    if args.no_server:
-        results["load_avg_1min_end"] = psutil.getloadavg()[0]
-        return results
+    if not args.no_server:
+        results.update(await server_figures(args, model, work, max_len))
+        results["server_vs_transformers_tok_s"] = results["server_tok_s"] / results["transformers_tok_s"]
+    results["load_avg_1min_end"] = psutil.getloadavg()[0]
+    return results
 
+
+async def server_figures(args, model, work, max_len: int) -> dict:
+    """One vLLM server (in the first dtype) on the same work: start-up, speed, RSS, and its weight sync by file
+    and by broadcast."""
+    from clawgym_env.engines.vllm_server import VLLMServerPool
+
+    results: dict = {}
     t0 = time.perf_counter()
     pool = await asyncio.to_thread(
         VLLMServerPool.launch,
@@ -264,8 +272,6 @@ async def compare_engines(args) -> dict:
         results["server_broadcast_failures"] = pool.stats.broadcast_failures
     finally:
         await pool.aclose()
-    results["server_vs_transformers_tok_s"] = results["server_tok_s"] / results["transformers_tok_s"]
-    results["load_avg_1min_end"] = psutil.getloadavg()[0]
     return results
 
 
