@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix            # full size (hours; resumable)
     .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --arms OpenClaw --seeds 0   # one arm, one seed
-    .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --plan     # what is done, what is left
+    .venv/bin/python -m benchmarks.transfer_matrix --out runs/matrix --plan -- OVERRIDES   # what is done, what is left
     .venv/bin/python -m benchmarks.transfer_matrix --quick --out runs/matrix-quick   # tiny model, 1 step (plumbing)
     .venv/bin/python -m benchmarks.transfer_matrix --suite OfficeQAEasy --arms ClaudeCode --eval-harnesses ClaudeCode \
         --transfer-suites --out runs/matrix-officeqaeasy   # another suite: its own evidence file and table
@@ -661,6 +661,11 @@ def main(argv: list[str] | None = None) -> MatrixReport:
         f"trained {sum(r.trained_now for r in report.training)}, reused {sum(not r.trained_now for r in report.training)}"
     )
     print(f"matrix: {args.out / 'matrix.json'}  table: {args.out / 'matrix.txt'}  evidence: {report.evidence}")
+    if args.plan and not report.evaluations_reused and any((args.out / "eval-cache").glob("*.json")):
+        print(
+            f"none of the evaluations in {args.out / 'eval-cache'} match this plan: pass --out and the overrides "
+            "exactly as the run did (the engine's options and the checkpoints' paths key the cache)"
+        )
     return report
 
 

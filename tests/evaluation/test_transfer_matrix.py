@@ -163,7 +163,9 @@ def means(report: MatrixReport) -> dict[str, dict[str, tuple]]:
 
 @pytest.mark.harness
 @pytest.mark.timeout(600)  # 2 seeds x 2 arms through OpenClaw and Claude Code: 273-283 s measured on an idle machine
-def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished_cells(tmp_path: Path) -> None:
+def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished_cells(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     arms, harnesses = ["WhiteBox", "OpenClaw+ClaudeCode"], ["WhiteBox", "OpenClaw"]
     argv = [
         "--quick",
@@ -249,6 +251,13 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert list(plan.cells) == [UNTRAINED, *ARMS]
     assert {a: row for a, row in means(plan).items() if a in first.cells} == means(first)
     assert plan.cells["Pi"]["WhiteBox"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
+    # a plan with other overrides than the run's (here the evaluation temperature) finds nothing and says why
+    capsys.readouterr()
+    plan_argv = ["--quick", "--out", str(out), "--plan", "--seeds", "0", "--eval-harnesses", *harnesses]
+    other = main(plan_argv)
+    assert other.evaluations_reused > 0 and "exactly as the run did" not in capsys.readouterr().out
+    other = main([*plan_argv, "--", "eval.temperature=0.5"])
+    assert other.evaluations_reused == 0 and "exactly as the run did" in capsys.readouterr().out
 
     # --skip-untrained: a trained policy evaluated anew (another output folder, same training runs) pairs with
     # the untrained rows already published; no untrained evaluation runs, and the published ones stay
