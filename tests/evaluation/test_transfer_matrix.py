@@ -251,11 +251,9 @@ def test_quick_matrix_writes_table_json_plot_evidence_and_a_rerun_skips_finished
     assert list(plan.cells) == [UNTRAINED, *ARMS]
     assert {a: row for a, row in means(plan).items() if a in first.cells} == means(first)
     assert plan.cells["Pi"]["WhiteBox"].text() == "to run" and plan.cells["ClaudeCode"]["WhiteBox"].text() == "to run"
+    assert plan.evaluations_reused > 0 and "exactly as the run did" not in capsys.readouterr().out
     # a plan with other overrides than the run's (here the evaluation temperature) finds nothing and says why
-    capsys.readouterr()
     plan_argv = ["--quick", "--out", str(out), "--plan", "--seeds", "0", "--eval-harnesses", *harnesses]
-    other = main(plan_argv)
-    assert other.evaluations_reused > 0 and "exactly as the run did" not in capsys.readouterr().out
     other = main([*plan_argv, "--", "eval.temperature=0.5"])
     assert other.evaluations_reused == 0 and "exactly as the run did" in capsys.readouterr().out
 
